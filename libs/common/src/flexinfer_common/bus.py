@@ -1,0 +1,342 @@
+"""The NATS client every service uses: JetStream streams and durable consumers created idempotently,
+publishing with message ids (JetStream de-duplicates within its window), typed decoding, and a consumer loop
+that rejects malformed messages with a logged reason and a counter, never blocking the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from flexinfer_common import subjects
+from flexinfer_common.logs import get_logger
+from flexinfer_common.metrics import BAD_MESSAGES
+
+log = get_logger("flexinfer.bus")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _stream(name: str, subject: str | list[str], max_age: timedelta, **extra: Any) -> StreamConfig:
+    return StreamConfig(
+        name=name,
+        subjects=subject if isinstance(subject, list) else [subject],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_age=max_age.total_seconds(),
+        duplicate_window=120.0,
+        **extra,
+    )
+
+
+STREAMS: tuple[StreamConfig, ...] = (
+    _stream(subjects.DEMAND_STREAM, subjects.DEMAND_PREFIX + ".>", timedelta(hours=1)),
+    _stream(subjects.COMMAND_STREAM, subjects.COMMAND_PREFIX + ".>", timedelta(hours=1)),
+    _stream(
+        subjects.RUNTIME_STATUS_STREAM,
+        [subjects.RUNTIME_STATUS_PREFIX + ".>", subjects.ACTUATOR_HELLO_PREFIX + ".>"],
+        timedelta(hours=1),
+    ),
+    _stream(
+        subjects.MODEL_STATUS_STREAM,
+        subjects.MODEL_STATUS_PREFIX + ".>",
+        timedelta(days=1),
+        max_msgs_per_subject=1,
+    ),
+    _stream(subjects.EVENTS_STREAM, subjects.EVENTS_PREFIX + ".>", timedelta(days=1)),
+)
+
+
+class BadMessage(ValueError):
+    """A message that cannot be decoded; the text says why."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    subject: str
+    message_id: str
+    num_delivered: int
+
+
+def decode_json(schema: type[M], subject: str, data: bytes) -> M:
+    """Decode a message body; raise BadMessage with a readable reason."""
+    try:
+        raw = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadMessage(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise BadMessage(reasons) from None
+
+
+Decoder = Callable[[str, bytes], M]
+Handler = Callable[[M, Delivery], Awaitable[None]]
+
+
+class Consumer(Generic[M]):
+    """A durable pull consumer running its handler for each message, in order, one at a time."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        decode: Decoder[M],
+        handler: Handler[M],
+        deliver_new_only: bool = False,
+    ) -> None:
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.filter_subject = filter_subject
+        self.decode = decode
+        self.handler = handler
+        self.deliver_new_only = deliver_new_only
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.NEW if self.deliver_new_only else DeliverPolicy.ALL,
+            filter_subject=self.filter_subject,
+            ack_wait=30,
+            max_deliver=20,
+            max_ack_pending=10_000,
+        )
+        sub = await self.bus.js.pull_subscribe(
+            self.filter_subject, durable=self.durable, stream=self.stream, config=config
+        )
+        self._task = asyncio.create_task(self._run(sub), name=f"consumer:{self.durable}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
+        while True:
+            try:
+                batch = await sub.fetch(batch=256, timeout=1.0)
+            except TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("fetch failed; retrying", extra={"consumer": self.durable, "error": repr(exc)})
+                await asyncio.sleep(0.5)
+                continue
+            for msg in batch:
+                await self._dispatch(msg)
+
+    async def _dispatch(self, msg: Msg) -> None:
+        metadata = msg.metadata
+        headers = msg.headers or {}
+        delivery = Delivery(
+            subject=msg.subject,
+            message_id=headers.get("Nats-Msg-Id") or f"{metadata.stream}:{metadata.sequence.stream}",
+            num_delivered=metadata.num_delivered,
+        )
+        try:
+            message = self.decode(msg.subject, msg.data)
+        except BadMessage as exc:
+            BAD_MESSAGES.labels(subject=self.filter_subject).inc()
+            log.warning(
+                "rejected malformed message",
+                extra={"subject": msg.subject, "reason": str(exc), "consumer": self.durable},
+            )
+            await _quietly(msg.term())
+            return
+        try:
+            await self.handler(message, delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handler failed; message will be redelivered", extra={"subject": msg.subject})
+            await _quietly(msg.nak(delay=1.0))
+            return
+        await _quietly(msg.ack())
+
+
+async def _quietly(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception as exc:
+        log.warning("ack/nak failed", extra={"error": repr(exc)})
+
+
+class Bus:
+    """A connection to NATS with JetStream. ``await connect()`` then ``ensure_streams()`` once at start."""
+
+    def __init__(self, url: str, *, name: str) -> None:
+        self.url = url
+        self.name = name
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._consumers: list[Consumer[Any]] = []
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise RuntimeError("bus is not connected")
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise RuntimeError("bus is not connected")
+        return self._js
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def connect(self, *, wait: float = 30.0) -> None:
+        """Connect, retrying for up to ``wait`` seconds at start; later drops reconnect forever."""
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", extra={"error": repr(exc)})
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            try:
+                self._nc = await nats.connect(
+                    servers=[u.strip() for u in self.url.split(",")],
+                    name=self.name,
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                )
+                break
+            except Exception as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ConnectionError(f"cannot reach NATS at {self.url}: {exc!r}") from None
+                await asyncio.sleep(0.3)
+        self._js = self._nc.jetstream(timeout=5)
+
+    async def ensure_streams(self) -> None:
+        for config in STREAMS:
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                await self.js.update_stream(config)
+
+    async def routes(self) -> KeyValue:
+        """The routes KV bucket, created when missing."""
+        try:
+            return await self.js.key_value(subjects.ROUTES_BUCKET)
+        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            return await self.js.create_key_value(bucket=subjects.ROUTES_BUCKET, history=1)
+
+    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
+        """Publish to JetStream and wait for the store's ack (at-least-once)."""
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        await self.js.publish(subject, message.model_dump_json(by_alias=True).encode(), headers=headers)
+
+    async def publish_core(self, subject: str, message: BaseModel) -> None:
+        """Fire and forget (still stored when a stream captures the subject)."""
+        await self.nc.publish(subject, message.model_dump_json(by_alias=True).encode())
+
+    async def consume(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        decode: Decoder[M],
+        handler: Handler[M],
+        deliver_new_only: bool = False,
+    ) -> Consumer[M]:
+        consumer = Consumer(
+            self,
+            stream=stream,
+            durable=durable,
+            filter_subject=filter_subject,
+            decode=decode,
+            handler=handler,
+            deliver_new_only=deliver_new_only,
+        )
+        await consumer.start()
+        self._consumers.append(consumer)
+        return consumer
+
+    async def close(self) -> None:
+        for consumer in self._consumers:
+            await consumer.stop()
+        self._consumers.clear()
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        self._nc = None
+        self._js = None
+
+
+def decode_demand(subject: str, data: bytes) -> Any:
+    """Decode a demand message; the subject's tokens fill ``namespace`` (and ``model``) when the body omits them.
+
+    ``model`` may be given as ``namespace/name``.
+    """
+    from flexinfer_common.messages import Demand
+
+    tokens = subjects.split_model_subject(subject, subjects.DEMAND_PREFIX)
+    try:
+        raw = json.loads(data) if data.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadMessage(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
+    if tokens is not None:
+        raw.setdefault("namespace", tokens[0])
+        raw.setdefault("model", tokens[1])
+    model = raw.get("model")
+    if isinstance(model, str) and "/" in model:
+        namespace, _, name = model.partition("/")
+        raw["namespace"], raw["model"] = namespace, name
+    try:
+        demand = Demand.model_validate(raw)
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise BadMessage(reasons) from None
+    if not demand.namespace:
+        raise BadMessage("namespace: missing (not in the body, and the subject has no namespace token)")
+    return demand

@@ -1,0 +1,171 @@
+"""Postgres state: SQLAlchemy 2 async models, the engine, and migrations.
+
+The scheduler is the only writer of model, group and swap rows; the lease manager writes leases.
+Schema changes go through Alembic (``flexinfer_common/migrations``); ``upgrade_database`` applies them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import DateTime, Index, Integer, String, Text, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from flexinfer_common.settings import normalize_database_url
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSONB}
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    group_name: Mapped[str | None] = mapped_column(String(253), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    spec_generation: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # status (CONTRACT section 1)
+    phase: Mapped[str] = mapped_column(String(32), default="Pending", server_default="Pending")
+    last_active_time: Mapped[datetime | None]
+    shared_state: Mapped[str | None] = mapped_column(String(32))
+    queue_position: Mapped[int | None] = mapped_column(Integer)
+    preempted_at: Mapped[datetime | None]
+    preempted_by: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # what the actuator last reported
+    runtime_phase: Mapped[str | None] = mapped_column(String(32))
+    runtime_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    runtime_updated_at: Mapped[datetime | None]
+    endpoint: Mapped[str | None] = mapped_column(Text)
+    # what the scheduler last asked for
+    desired_action: Mapped[str | None] = mapped_column(String(16))
+    command_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    command_issued_at: Mapped[datetime | None]
+    ready_since: Mapped[datetime | None]
+    parked_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+    updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+
+
+class GroupRow(Base):
+    __tablename__ = "groups"
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(16), default="v1alpha2", server_default="v1alpha2")
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    active_namespace: Mapped[str | None] = mapped_column(String(253))
+    active_name: Mapped[str | None] = mapped_column(String(253))
+    leader_since: Mapped[datetime | None]
+    current_swap_id: Mapped[str | None] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+
+
+class SwapRow(Base):
+    __tablename__ = "swaps"
+    __table_args__ = (Index("ix_swaps_group_started", "group_name", "started_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group_name: Mapped[str] = mapped_column(String(253))
+    from_namespace: Mapped[str | None] = mapped_column(String(253))
+    from_name: Mapped[str | None] = mapped_column(String(253))
+    to_namespace: Mapped[str | None] = mapped_column(String(253))
+    to_name: Mapped[str | None] = mapped_column(String(253))
+    reason: Mapped[str] = mapped_column(String(32))
+    phase: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime]
+    phase_started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    phases: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default=text("'{}'::jsonb"))
+    message: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+
+class LeaseRow(Base):
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253), default="default", server_default="default")
+    group_name: Mapped[str] = mapped_column(String(253), index=True)
+    owner: Mapped[str] = mapped_column(String(253))
+    node: Mapped[str | None] = mapped_column(String(253))
+    ttl_seconds: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    renew_time: Mapped[datetime]
+    source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
+
+
+class DemandSignalRow(Base):
+    """The latest demand from each source for a model (v1alpha1 sums ``queued`` over sources)."""
+
+    __tablename__ = "demand_signals"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    source: Mapped[str] = mapped_column(String(253), primary_key=True)
+    queued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    time: Mapped[datetime]
+
+
+class ProcessedMessageRow(Base):
+    """Ids of bus messages already applied, so a redelivered message changes nothing."""
+
+    __tablename__ = "processed_messages"
+
+    message_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    processed_at: Mapped[datetime] = mapped_column(server_default=text("now()"), index=True)
+
+
+def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(normalize_database_url(url), **kwargs)
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", normalize_database_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade_database_sync(url: str, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(_alembic_config(url), revision)
+
+
+async def upgrade_database(url: str, revision: str = "head") -> None:
+    """Apply migrations (Alembic runs its own event loop for the async driver, so it goes to a thread)."""
+    await asyncio.to_thread(upgrade_database_sync, url, revision)
+
+
+async def ensure_database_exists(url: str) -> None:
+    """Create the URL's database when it is missing (connects to the ``postgres`` database to do so)."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    target = make_url(normalize_database_url(url))
+    database = target.database or "postgres"
+    admin = target.set(drivername="postgresql", database="postgres")
+    conn = await asyncpg.connect(admin.render_as_string(hide_password=False))
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await conn.close()

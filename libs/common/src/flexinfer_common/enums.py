@@ -1,0 +1,63 @@
+"""String enums shared by services and the bus (a reason or phase is never a bare string)."""
+
+from enum import StrEnum
+
+
+class ModelPhase(StrEnum):
+    PENDING = "Pending"
+    LOADING = "Loading"
+    READY = "Ready"
+    DRAINING = "Draining"
+    PREEMPTED = "Preempted"
+    IDLE = "Idle"
+    FAILED = "Failed"
+
+
+class SharedState(StrEnum):
+    ACTIVE = "Active"
+    QUEUED = "Queued"
+    PARKED = "Parked"
+
+
+class ParkStrategy(StrEnum):
+    SCALE_TO_ZERO = "ScaleToZero"
+    SLEEP = "Sleep"
+
+
+class GroupPolicy(StrEnum):
+    V1ALPHA2 = "v1alpha2"
+    V1ALPHA1 = "v1alpha1"
+
+
+class ScaleAction(StrEnum):
+    ACTIVATE = "activate"
+    PARK = "park"
+
+
+class RuntimePhase(StrEnum):
+    """What the actuator observes about a model's process or Deployment."""
+
+    LOADING = "Loading"
+    READY = "Ready"
+    STOPPING = "Stopping"
+    PARKED = "Parked"
+    FAILED = "Failed"
+
+
+class SwapPhase(StrEnum):
+    DRAINING = "draining"
+    PARKING = "parking"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+class SwapReason(StrEnum):
+    DEMAND = "demand"
+    FALLBACK = "fallback"
+    FORCE_PROMOTION = "force-promotion"
+    IDLE_TIMEOUT = "idle-timeout"
+    LEASE = "gpu-lease"
+    INITIAL = "initial"
+    RECOVERY = "recovery"

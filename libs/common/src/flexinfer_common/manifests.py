@@ -1,0 +1,245 @@
+"""The user-facing resources of CONTRACT.md section 1, one YAML format for Kubernetes and local mode.
+
+Field names are camelCase in YAML and JSON; Python code uses snake_case attributes. A bad manifest raises
+:class:`ManifestError` whose message names every bad field (``spec.gpu.priority: ...``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+)
+
+from flexinfer_common.durations import format_duration, parse_duration
+from flexinfer_common.enums import ParkStrategy
+from flexinfer_common.messages import ModelStatus
+
+GROUP = "ai.flexinfer"
+V1ALPHA1 = f"{GROUP}/v1alpha1"
+V1ALPHA2 = f"{GROUP}/v1alpha2"
+
+DEFAULT_SWAP_COOLDOWN = timedelta(minutes=5)
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class ManifestError(ValueError):
+    """A manifest is malformed; the message names the fields."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class ObjectMeta(_Spec):
+    name: str
+    namespace: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    generation: int | None = None
+    resource_version: str | None = Field(None, alias="resourceVersion")
+    uid: str | None = None
+    owner_references: list[dict[str, Any]] = Field(default_factory=list, alias="ownerReferences")
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        if value and (len(value) > 253 or not _DNS_NAME.match(value)):
+            raise ValueError(f"{value!r} is not a valid name (lowercase letters, digits, '-' and '.')")
+        return value
+
+
+class GpuSpec(_Spec):
+    shared: str | None = None
+    priority: int = 0
+    swap_cooldown: Duration | None = Field(None, alias="swapCooldown")
+    force_promotion: bool = Field(False, alias="forcePromotion")
+    park_strategy: ParkStrategy = Field(ParkStrategy.SCALE_TO_ZERO, alias="parkStrategy")
+
+
+class ServerlessSpec(_Spec):
+    idle_timeout: Duration | None = Field(None, alias="idleTimeout")
+
+
+class CacheSpec(_Spec):
+    strategy: Literal["Memory", "SharedPVC"] | None = None
+
+
+class EndpointSpec(_Spec):
+    port: int | None = Field(None, ge=1, le=65535)
+    readiness_path: str = Field("/health", alias="readinessPath")
+
+
+class LocalSpec(_Spec):
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelSpec(_Spec):
+    backend: str | None = None
+    source: str | None = None
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    serverless: ServerlessSpec = Field(default_factory=ServerlessSpec)
+    service_labels: list[str] = Field(default_factory=list, alias="serviceLabels")
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    endpoint: EndpointSpec = Field(default_factory=EndpointSpec)
+    deployment: str | None = None
+    local: LocalSpec = Field(default_factory=LocalSpec)
+
+
+class Model(_Spec):
+    api_version: Literal["ai.flexinfer/v1alpha2"] = Field(V1ALPHA2, alias="apiVersion")  # type: ignore[arg-type]
+    kind: Literal["Model"] = "Model"
+    metadata: ObjectMeta
+    spec: ModelSpec = Field(default_factory=ModelSpec)
+    status: ModelStatus | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+class GroupMember(_Spec):
+    name: str
+    namespace: str | None = None
+    priority: int = 0
+
+
+class GroupPolicySpec(_Spec):
+    hysteresis_window_seconds: int = Field(10, ge=0, alias="hysteresisWindowSeconds")
+    request_queue_threshold: int = Field(3, ge=1, alias="requestQueueThreshold")
+    minimum_run_duration_seconds: int = Field(30, ge=0, alias="minimumRunDurationSeconds")
+    cooldown_after_preemption_seconds: int = Field(60, ge=0, alias="cooldownAfterPreemptionSeconds")
+    drain_timeout_seconds: int = Field(60, ge=0, alias="drainTimeoutSeconds")
+    idle_timeout_seconds: int = Field(300, ge=0, alias="idleTimeoutSeconds")
+
+
+class GPUGroupSpec(_Spec):
+    models: list[GroupMember] = Field(min_length=1)
+    policy: GroupPolicySpec = Field(default_factory=GroupPolicySpec)
+
+
+class GPUGroup(_Spec):
+    api_version: Literal["ai.flexinfer/v1alpha1"] = Field(V1ALPHA1, alias="apiVersion")  # type: ignore[arg-type]
+    kind: Literal["GPUGroup"] = "GPUGroup"
+    metadata: ObjectMeta
+    spec: GPUGroupSpec
+    status: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+class GPULeaseSpec(_Spec):
+    group: str = Field(min_length=1)
+    owner: str = Field(min_length=1)
+    node: str | None = None
+    ttl_seconds: int | None = Field(None, ge=60, alias="ttlSeconds")
+
+
+class GPULease(_Spec):
+    api_version: Literal["ai.flexinfer/v1alpha1"] = Field(V1ALPHA1, alias="apiVersion")  # type: ignore[arg-type]
+    kind: Literal["GPULease"] = "GPULease"
+    metadata: ObjectMeta
+    spec: GPULeaseSpec
+    status: dict[str, Any] | None = None
+
+
+class GpuLeaseRequest(_Spec):
+    group: str = Field(min_length=1)
+    ttl_seconds: int | None = Field(None, ge=60, alias="ttlSeconds")
+
+
+class FinetuneSpec(_Spec):
+    gpu_lease: GpuLeaseRequest | None = Field(None, alias="gpuLease")
+    timeout_seconds: int | None = Field(None, ge=1, alias="timeoutSeconds")
+
+
+class ModelCacheSpec(_Spec):
+    finetune: FinetuneSpec | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+
+
+class ModelCache(_Spec):
+    api_version: Literal["ai.flexinfer/v1alpha1"] = Field(V1ALPHA1, alias="apiVersion")  # type: ignore[arg-type]
+    kind: Literal["ModelCache"] = "ModelCache"
+    metadata: ObjectMeta
+    spec: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+    status: dict[str, Any] | None = None
+
+
+Resource = Model | GPUGroup | GPULease | ModelCache
+
+_KINDS: dict[tuple[str, str], type[Model] | type[GPUGroup] | type[GPULease] | type[ModelCache]] = {
+    (V1ALPHA2, "Model"): Model,
+    (V1ALPHA1, "GPUGroup"): GPUGroup,
+    (V1ALPHA1, "GPULease"): GPULease,
+    (V1ALPHA1, "ModelCache"): ModelCache,
+}
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "(document)"
+        parts.append(f"{prefix}{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def parse_resource(document: Any, *, where: str = "") -> Resource:
+    """Turn one decoded YAML/JSON document into a typed resource, or raise ManifestError naming the problem."""
+    prefix = f"{where}: " if where else ""
+    if not isinstance(document, dict):
+        raise ManifestError(f"{prefix}a manifest must be a mapping, got {type(document).__name__}")
+    api_version, kind = document.get("apiVersion"), document.get("kind")
+    if not api_version or not kind:
+        raise ManifestError(f"{prefix}apiVersion and kind are required")
+    cls = _KINDS.get((str(api_version), str(kind)))
+    if cls is None:
+        known = ", ".join(f"{a} {k}" for a, k in _KINDS)
+        raise ManifestError(f"{prefix}unsupported apiVersion/kind {api_version} {kind} (known: {known})")
+    try:
+        return cls.model_validate(document)
+    except ValidationError as exc:
+        raise ManifestError(f"{prefix}{kind} " + describe_validation_error(exc)) from None
+
+
+def load_manifests(text: str, *, source: str = "<input>") -> list[Resource]:
+    """Parse a YAML stream (documents separated by ``---``); empty documents are skipped."""
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{source}: not valid YAML: {exc}") from None
+    resources = []
+    for index, document in enumerate(documents):
+        if document is None:
+            continue
+        resources.append(parse_resource(document, where=f"{source} document {index + 1}"))
+    return resources
+
+
+def dump_resource(resource: BaseModel) -> dict[str, Any]:
+    """The resource as Kubernetes would return it: camelCase, no nulls."""
+    return resource.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,229 @@
+"""Every message on the bus, as a frozen pydantic model. ``docs/events.md`` is generated from these.
+
+Each class names its subject pattern in ``SUBJECT``. Times are timezone-aware UTC and serialize as RFC 3339.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from flexinfer_common.enums import (
+    ModelPhase,
+    ParkStrategy,
+    RuntimePhase,
+    ScaleAction,
+    SharedState,
+    SwapPhase,
+    SwapReason,
+)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    SUBJECT: ClassVar[str] = ""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _utc(cls, value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+
+class Demand(Message):
+    """Someone wants this model: a proxy with queued or forwarded requests, or an external producer.
+
+    Every demand message refreshes the model's ``lastActiveTime``. ``queued`` is the number of requests waiting
+    at this ``source`` (the v1alpha1 queue threshold sums it over sources); ``0`` reports activity only.
+    """
+
+    SUBJECT: ClassVar[str] = "flexinfer.demand.<namespace>.<model>"
+
+    model: str = Field(min_length=1, description="Model name (or namespace/name)", examples=["qwen3-8b"])
+    namespace: str = Field("", description="Filled from the subject when omitted", examples=["default"])
+    queued: int = Field(0, ge=0, description="Requests waiting at this source", examples=[3])
+    source: str = Field("external", description="Who signals: a proxy instance id, or any producer name")
+    time: datetime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
+
+
+class RuntimeSpec(Message):
+    """What the actuator needs to run one model (from the Model manifest)."""
+
+    namespace: str
+    name: str
+    deployment: str | None = None
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    port: int | None = None
+    readiness_path: str = "/health"
+    park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO
+
+
+class ScaleCommand(Message):
+    """The scheduler tells the actuator to activate or park a model.
+
+    ``generation`` grows with every command for a model; the actuator ignores a command older than one it applied.
+    """
+
+    SUBJECT: ClassVar[str] = "flexinfer.actuator.command.<namespace>.<model>"
+
+    command_id: str = Field(default_factory=new_id)
+    group: str | None = None
+    namespace: str
+    model: str
+    action: ScaleAction
+    generation: int = Field(ge=0)
+    swap_id: str | None = None
+    runtime: RuntimeSpec
+    issued_at: datetime
+
+
+class RuntimeStatus(Message):
+    """The actuator reports what it observes about a model (process or Deployment)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.actuator.status.<namespace>.<model>"
+
+    namespace: str
+    model: str
+    phase: RuntimePhase
+    generation: int = Field(ge=0, description="The command generation this observation answers")
+    endpoint: str | None = Field(
+        None, description="Base URL to forward to once Ready", examples=["http://127.0.0.1:9001"]
+    )
+    message: str = ""
+    time: datetime
+    actuator: str = ""
+    pid: int | None = None
+
+
+class ActuatorHello(Message):
+    """An actuator (re)started and runs nothing yet: the scheduler re-issues the commands it wants applied."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.actuator.hello.<instance>"
+
+    actuator: str
+    backend: str
+    time: datetime
+
+
+class SharedGroupStatus(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    state: SharedState | None = None
+    queue_position: int | None = Field(None, alias="queuePosition")
+    preempted_at: datetime | None = Field(None, alias="preemptedAt")
+
+
+class ModelStatus(BaseModel):
+    """A Model's ``status``, as Kubernetes and the admin API show it."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    phase: ModelPhase = ModelPhase.PENDING
+    last_active_time: datetime | None = Field(None, alias="lastActiveTime")
+    shared_group: SharedGroupStatus = Field(default_factory=SharedGroupStatus, alias="sharedGroup")
+    preempted_by: str | None = Field(None, alias="preemptedBy")
+    message: str = ""
+
+
+class ModelStatusUpdate(Message):
+    """The scheduler publishes a Model's new status (the Kubernetes actuator writes it back to the resource)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.status.model.<namespace>.<model>"
+
+    namespace: str
+    model: str
+    status: ModelStatus
+    time: datetime
+
+
+class Route(Message):
+    """Where a model is served and whether it is Ready: the proxy's view, kept in the ``flexinfer_routes`` KV bucket.
+
+    Every managed model has an entry, so the proxy can tell an unknown model (404) from a parked one (queue).
+    """
+
+    SUBJECT: ClassVar[str] = "KV flexinfer_routes, key <namespace>.<model>"
+
+    namespace: str
+    name: str
+    group: str | None = None
+    priority: int = 0
+    service_labels: list[str] = Field(default_factory=list)
+    phase: ModelPhase = ModelPhase.PENDING
+    state: SharedState | None = None
+    ready: bool = False
+    endpoint: str | None = None
+    failure: str | None = Field(None, description="Why the model cannot load; the proxy fails its queue with 503")
+    generation: int = 0
+    updated_at: datetime
+
+
+class SwapEvent(Message):
+    """A swap changed phase (observers only)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.events.swap.<group>"
+
+    kind: Literal["swap.started", "swap.phase", "swap.finished", "swap.failed"]
+    swap_id: str
+    group: str
+    from_model: str | None = None
+    to_model: str | None = None
+    reason: SwapReason
+    phase: SwapPhase
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds spent in each finished phase")
+    message: str = ""
+    time: datetime
+
+
+class LeaseEvent(Message):
+    """A GPU lease was acquired, renewed, released or expired."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.events.lease.<group>"
+
+    kind: Literal["lease.acquired", "lease.renewed", "lease.released", "lease.expired"]
+    name: str
+    group: str
+    owner: str
+    namespace: str = "default"
+    node: str | None = None
+    expires_at: datetime | None = None
+    time: datetime
+
+
+class ModelEvent(Message):
+    """A model's phase or shared-group state changed (observers only)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.events.model.<group>"
+
+    kind: Literal["model.status"] = "model.status"
+    namespace: str
+    model: str
+    group: str | None = None
+    status: ModelStatus
+    time: datetime
+
+
+ALL_MESSAGES: tuple[type[Message], ...] = (
+    Demand,
+    ScaleCommand,
+    RuntimeStatus,
+    ActuatorHello,
+    ModelStatusUpdate,
+    Route,
+    SwapEvent,
+    LeaseEvent,
+    ModelEvent,
+)

@@ -1,0 +1,122 @@
+"""Typed settings, read from ``FLEXINFER_*`` environment variables and validated at start.
+
+Each service subclasses :class:`CommonSettings`; ``load_settings`` turns a validation failure into a
+:class:`SettingsError` whose message names the environment variable, so a bad value stops start-up clearly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import timedelta
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flexinfer_common.durations import parse_duration
+
+ENV_PREFIX = "FLEXINFER_"
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class ActuatorKind(StrEnum):
+    KUBERNETES = "kubernetes"
+    LOCAL = "local"
+
+
+class SettingsError(Exception):
+    """A setting has a bad value; the message names the environment variable."""
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/flexinfer"
+    admin_token: SecretStr | None = None
+    actuator: ActuatorKind = ActuatorKind.LOCAL
+    namespace: str = "default"
+    log_level: str = "INFO"
+    bind_host: str = "0.0.0.0"
+    instance_id: str = ""
+
+    proxy_port: int = Field(8080, ge=0, le=65535)
+    scheduler_port: int = Field(8081, ge=0, le=65535)
+    lease_manager_port: int = Field(8082, ge=0, le=65535)
+    actuator_port: int = Field(8083, ge=0, le=65535)
+
+    reconcile_interval: Duration = timedelta(seconds=3)
+    shared_demand_window: Duration = timedelta(minutes=2)
+    recent_leader_window: Duration = timedelta(minutes=5)
+    default_swap_cooldown: Duration = timedelta(minutes=5)
+    queue_max: int = Field(256, ge=1)
+    queue_timeout: Duration = timedelta(minutes=5)
+    demand_refresh_interval: Duration = timedelta(seconds=10)
+    lease_refresh_interval: Duration = timedelta(seconds=30)
+    activity_report_interval: Duration = timedelta(seconds=1)
+    park_grace_period: Duration = timedelta(seconds=10)
+    readiness_probe_interval: Duration = timedelta(milliseconds=200)
+    load_timeout: Duration = timedelta(minutes=10)
+
+    @field_validator("database_url")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        return normalize_database_url(value)
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_scheme(cls, value: str) -> str:
+        for url in value.split(","):
+            if urlsplit(url.strip()).scheme not in {"nats", "tls", "ws", "wss"}:
+                raise ValueError(f"not a NATS URL: {url!r} (expected nats://host:port)")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        upper = value.upper()
+        if upper not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError(f"unknown log level {value!r} (DEBUG, INFO, WARNING or ERROR)")
+        return upper
+
+    def admin_token_value(self) -> str | None:
+        return self.admin_token.get_secret_value() if self.admin_token else None
+
+
+def normalize_database_url(value: str) -> str:
+    """Accept libpq-style ``postgresql://`` URLs and use the asyncpg driver."""
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://", "postgresql+psycopg2://"):
+        if value.startswith(prefix):
+            return "postgresql+asyncpg://" + value[len(prefix) :]
+    if not value.startswith("postgresql+asyncpg://"):
+        raise ValueError(f"not a PostgreSQL URL: {value!r} (expected postgresql://user@host:port/db)")
+    return value
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+S = TypeVar("S", bound=CommonSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build settings from the environment; a bad value raises SettingsError naming the variable."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            variable = ENV_PREFIX + field.upper()
+            problems.append(f"{variable}: {error['msg']} (got {error.get('input')!r})")
+        raise SettingsError("bad setting: " + "; ".join(problems)) from None

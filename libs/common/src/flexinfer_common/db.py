@@ -47,12 +47,16 @@ class ModelRow(Base):
     runtime_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     runtime_updated_at: Mapped[datetime | None]
     endpoint: Mapped[str | None] = mapped_column(Text)
+    runtime_message: Mapped[str] = mapped_column(Text, default="", server_default="")
+    last_failure: Mapped[str | None] = mapped_column(Text)
     # what the scheduler last asked for
     desired_action: Mapped[str | None] = mapped_column(String(16))
     command_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     command_issued_at: Mapped[datetime | None]
     ready_since: Mapped[datetime | None]
-    parked_at: Mapped[datetime | None]
+    idle_parked_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    promoted_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
     updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
 

@@ -1,0 +1,55 @@
+# FlexInfer — the two commands a new user needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+EXAMPLE ?= examples/homelab.yaml
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(CURDIR)/.tools/bin/uv:
+	$(PYTHON) -m venv $(CURDIR)/.tools
+	$(CURDIR)/.tools/bin/pip install --quiet --disable-pip-version-check uv
+
+.PHONY: install
+install: $(if $(findstring .tools,$(UV)),$(UV)) ## Create .venv with every package from the lock file (needs only Python 3.11+)
+	$(UV) sync --locked --python $(PYTHON)
+
+.PHONY: run
+run: install ## Run the whole system on this machine with two fake models sharing one GPU group
+	$(BIN)/flexinfer up -f $(EXAMPLE)
+
+.PHONY: test
+test: install ## Run every test (unit, integration with real NATS and Postgres, end to end)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: install ## Only the pure-logic tests
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: verify
+verify: install ## Lint, format check, strict types, import contracts, migrations in sync with the models
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_migrations.py
+	$(BIN)/python scripts/gen_events_doc.py --check
+
+.PHONY: docs
+docs: install ## Regenerate docs/events.md from the message schemas
+	$(BIN)/python scripts/gen_events_doc.py
+
+.PHONY: bench
+bench: install ## Benchmarks (print ratios measured side by side)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+.PHONY: clean
+clean: ## Remove the local state of `flexinfer up` (.flexinfer) and caches
+	rm -rf .flexinfer .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from flexinfer_lease_manager.main import run
+
+run()

@@ -1,0 +1,65 @@
+"""Entry point: ``python -m flexinfer_lease_manager``.
+
+The service skeleton: settings, Postgres and NATS connections, the ops endpoints, graceful shutdown. GPU leases
+themselves (acquire, renew, release, TTL refresh, Kubernetes GPULease resources) come with their own issue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from fastapi import FastAPI
+
+from flexinfer_common.bus import Bus
+from flexinfer_common.db import create_engine
+from flexinfer_common.logs import configure_logging, get_logger
+from flexinfer_common.service import HttpServer, add_ops_routes, install_error_handlers, run_until_signalled
+from flexinfer_common.settings import SettingsError, load_settings
+from flexinfer_lease_manager.settings import LeaseManagerSettings
+
+log = get_logger("flexinfer.lease_manager")
+
+
+async def serve(settings: LeaseManagerSettings, stop: asyncio.Event) -> None:
+    engine = create_engine(settings.database_url, pool_size=5)
+    bus = Bus(settings.nats_url, name="flexinfer-lease-manager")
+    await bus.connect()
+    await bus.ensure_streams()
+
+    async def readiness() -> dict[str, bool]:
+        db_ok = True
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+        except Exception:
+            db_ok = False
+        return {"nats": bus.connected, "postgres": db_ok}
+
+    app = FastAPI(title="FlexInfer lease manager", version="0.1.0")
+    install_error_handlers(app)
+    add_ops_routes(app, readiness)
+    http = HttpServer(app, host=settings.bind_host, port=settings.lease_manager_port, name="lease-manager")
+    await http.start()
+    log.info("lease manager listening", extra={"port": http.port})
+    try:
+        await stop.wait()
+    finally:
+        await http.stop()
+        await bus.close()
+        await engine.dispose()
+        log.info("lease manager stopped")
+
+
+def run() -> None:
+    try:
+        settings = load_settings(LeaseManagerSettings)
+    except SettingsError as exc:
+        print(f"flexinfer-lease-manager: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure_logging("lease-manager", settings.log_level)
+    run_until_signalled(lambda stop: serve(settings, stop))
+
+
+if __name__ == "__main__":
+    run()

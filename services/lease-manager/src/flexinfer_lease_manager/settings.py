@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+from flexinfer_common.settings import CommonSettings
+
+
+class LeaseManagerSettings(CommonSettings):
+    pass

@@ -1,0 +1,3 @@
+from flexinfer_scheduler.main import run
+
+run()

@@ -1,0 +1,402 @@
+"""Postgres access for the scheduler: load the snapshot the election needs, apply a plan in one transaction,
+record demand and actuator reports, and keep the admin API's manifests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
+from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
+from flexinfer_common.manifests import GPUGroup, Model
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
+from flexinfer_scheduler.domain.plan import GroupPlan
+
+SOLO_PREFIX = "solo."
+
+
+def solo_group(key: ModelKey) -> str:
+    """A model outside any shared group still needs a leader election of its own (it always wins it)."""
+    return f"{SOLO_PREFIX}{key.namespace}.{key.name}"
+
+
+ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything one election pass reads."""
+
+    groups: list[GroupSnapshot]
+    models: dict[ModelKey, ModelRow]
+
+
+def _key(row: ModelRow) -> ModelKey:
+    return ModelKey(row.namespace, row.name)
+
+
+def member_from_row(row: ModelRow, queued: int) -> Member:
+    model = Model.model_validate(row.manifest)
+    return Member(
+        key=_key(row),
+        priority=row.priority,
+        last_active_time=row.last_active_time,
+        preempted_at=row.preempted_at,
+        preempted_by=row.preempted_by,
+        swap_cooldown=model.spec.gpu.swap_cooldown,
+        idle_timeout=model.spec.serverless.idle_timeout,
+        force_promotion=model.spec.gpu.force_promotion,
+        promoted_at=row.promoted_at,
+        runtime=row.runtime_phase,
+        runtime_generation=row.runtime_generation,
+        runtime_message=row.runtime_message,
+        last_failure=row.last_failure,
+        endpoint=row.endpoint,
+        desired_action=ScaleAction(row.desired_action) if row.desired_action else None,
+        command_generation=row.command_generation,
+        command_issued_at=row.command_issued_at,
+        ready_since=row.ready_since,
+        idle_parked_at=row.idle_parked_at,
+        failed_at=row.failed_at,
+        queued=queued,
+    )
+
+
+def swap_from_row(row: SwapRow) -> Swap:
+    return Swap(
+        id=row.id,
+        from_model=ModelKey(row.from_namespace, row.from_name) if row.from_name and row.from_namespace else None,
+        to_model=ModelKey(row.to_namespace, row.to_name) if row.to_name and row.to_namespace else None,
+        reason=SwapReason(row.reason),
+        phase=SwapPhase(row.phase),
+        started_at=row.started_at,
+        phase_started_at=row.phase_started_at,
+        phases=dict(row.phases or {}),
+    )
+
+
+def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
+    if not manifest:
+        return None
+    policy = GPUGroup.model_validate(manifest).spec.policy
+    return V1Alpha1Policy(
+        hysteresis_window=timedelta(seconds=policy.hysteresis_window_seconds),
+        request_queue_threshold=policy.request_queue_threshold,
+        minimum_run_duration=timedelta(seconds=policy.minimum_run_duration_seconds),
+        cooldown_after_preemption=timedelta(seconds=policy.cooldown_after_preemption_seconds),
+        drain_timeout=timedelta(seconds=policy.drain_timeout_seconds),
+        idle_timeout=timedelta(seconds=policy.idle_timeout_seconds),
+    )
+
+
+class LeaseReadError(Exception):
+    pass
+
+
+class Store:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    # ---- the election's snapshot -------------------------------------------------------------------------
+    async def load_world(self, now: datetime, demand_window: timedelta) -> tuple[World, bool]:
+        """Load every group. Returns (world, leases_ok): a lease read error fails open (no leases)."""
+        async with self.sessions() as session:
+            models = list((await session.scalars(select(ModelRow))).all())
+            groups = {g.name: g for g in (await session.scalars(select(GroupRow))).all()}
+            swaps = {
+                s.group_name: s
+                for s in (await session.scalars(select(SwapRow).where(SwapRow.phase.in_(ACTIVE_SWAP_PHASES)))).all()
+            }
+            queued_rows = await session.execute(
+                select(DemandSignalRow.namespace, DemandSignalRow.name, func.sum(DemandSignalRow.queued))
+                .where(DemandSignalRow.time >= now - demand_window)
+                .group_by(DemandSignalRow.namespace, DemandSignalRow.name)
+            )
+            queued = {ModelKey(ns, name): int(total or 0) for ns, name, total in queued_rows}
+        leases_ok = True
+        try:
+            leases = await self.load_leases(now)
+        except Exception:
+            leases, leases_ok = {}, False
+        by_group: dict[str, list[ModelRow]] = {}
+        for row in models:
+            if row.group_name:
+                by_group.setdefault(row.group_name, []).append(row)
+        snapshots = []
+        for name in sorted(set(by_group) | set(groups)):
+            group = groups.get(name)
+            swap_row = swaps.get(name)
+            policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
+            snapshots.append(
+                GroupSnapshot(
+                    name=name,
+                    members=tuple(member_from_row(r, queued.get(_key(r), 0)) for r in by_group.get(name, [])),
+                    policy=policy,
+                    v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
+                    active=ModelKey(group.active_namespace, group.active_name)
+                    if group and group.active_name and group.active_namespace
+                    else None,
+                    leader_since=group.leader_since if group else None,
+                    swap=swap_from_row(swap_row) if swap_row else None,
+                    lease=leases.get(name),
+                )
+            )
+        return World(snapshots, {_key(r): r for r in models}), leases_ok
+
+    async def load_leases(self, now: datetime) -> dict[str, Lease]:
+        async with self.sessions() as session:
+            rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
+        return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at) for r in rows}
+
+    # ---- applying a plan ---------------------------------------------------------------------------------
+    async def apply_plans(self, plans: Sequence[GroupPlan], now: datetime) -> None:
+        async with self.sessions.begin() as session:
+            for plan in plans:
+                await self._apply(session, plan, now)
+
+    async def _apply(self, session: AsyncSession, plan: GroupPlan, now: datetime) -> None:
+        stmt = insert(GroupRow).values(
+            name=plan.group,
+            active_namespace=plan.active.namespace if plan.active else None,
+            active_name=plan.active.name if plan.active else None,
+            leader_since=plan.leader_since,
+            current_swap_id=plan.swap_id,
+            updated_at=now,
+        )
+        await session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[GroupRow.name],
+                set_={
+                    "active_namespace": stmt.excluded.active_namespace,
+                    "active_name": stmt.excluded.active_name,
+                    "leader_since": stmt.excluded.leader_since,
+                    "current_swap_id": stmt.excluded.current_swap_id,
+                    "updated_at": now,
+                },
+            )
+        )
+        for key, fields in plan.member_updates.items():
+            values = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
+            values["updated_at"] = now
+            await session.execute(
+                update(ModelRow).where(ModelRow.namespace == key.namespace, ModelRow.name == key.name).values(**values)
+            )
+        for key, view in plan.statuses.items():
+            await session.execute(
+                update(ModelRow)
+                .where(ModelRow.namespace == key.namespace, ModelRow.name == key.name)
+                .values(
+                    phase=view.phase.value,
+                    shared_state=view.state.value,
+                    queue_position=view.queue_position,
+                    preempted_by=view.preempted_by,
+                    message=view.message,
+                )
+            )
+        for u in plan.swap_updates:
+            s = u.swap
+            values = {
+                "group_name": plan.group,
+                "from_namespace": s.from_model.namespace if s.from_model else None,
+                "from_name": s.from_model.name if s.from_model else None,
+                "to_namespace": s.to_model.namespace if s.to_model else None,
+                "to_name": s.to_model.name if s.to_model else None,
+                "reason": s.reason.value,
+                "phase": s.phase.value,
+                "started_at": s.started_at,
+                "phase_started_at": s.phase_started_at,
+                "phases": s.phases,
+                "finished_at": u.finished_at,
+                "message": u.message,
+            }
+            ins = insert(SwapRow).values(id=s.id, **values)
+            await session.execute(ins.on_conflict_do_update(index_elements=[SwapRow.id], set_=values))
+
+    # ---- bus inputs --------------------------------------------------------------------------------------
+    async def record_demand(
+        self, *, namespace: str, name: str, source: str, queued: int, when: datetime, message_id: str
+    ) -> bool:
+        """Refresh lastActiveTime (never backwards) and this source's queued count. False if unknown/duplicate."""
+        async with self.sessions.begin() as session:
+            if not await self._first_time(session, message_id):
+                return False
+            result = await session.execute(
+                update(ModelRow)
+                .where(ModelRow.namespace == namespace, ModelRow.name == name)
+                .values(last_active_time=func.greatest(func.coalesce(ModelRow.last_active_time, when), when))
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                return False
+            stmt = insert(DemandSignalRow).values(
+                namespace=namespace, name=name, source=source, queued=queued, time=when
+            )
+            await session.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[DemandSignalRow.namespace, DemandSignalRow.name, DemandSignalRow.source],
+                    set_={"queued": queued, "time": when},
+                    where=DemandSignalRow.time <= when,
+                )
+            )
+            return True
+
+    async def record_runtime(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        phase: str,
+        generation: int,
+        endpoint: str | None,
+        message: str,
+        when: datetime,
+    ) -> bool:
+        """Store an actuator report unless it answers an older command than the last one seen."""
+        async with self.sessions.begin() as session:
+            values: dict[str, Any] = {
+                "runtime_phase": phase,
+                "runtime_generation": generation,
+                "runtime_updated_at": when,
+                "endpoint": endpoint,
+            }
+            values["runtime_message"] = message
+            result = await session.execute(
+                update(ModelRow)
+                .where(
+                    ModelRow.namespace == namespace,
+                    ModelRow.name == name,
+                    ModelRow.runtime_generation <= generation,
+                    ModelRow.command_generation >= generation,
+                )
+                .values(**values)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def forget_runtime(self) -> int:
+        """An actuator restarted: what it ran is unknown until it reports again; re-issue every command."""
+        async with self.sessions.begin() as session:
+            result = await session.execute(
+                update(ModelRow)
+                .where(ModelRow.desired_action.is_not(None))
+                .values(runtime_phase="Unknown", command_issued_at=None, endpoint=None)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def _first_time(self, session: AsyncSession, message_id: str) -> bool:
+        result = await session.execute(
+            insert(ProcessedMessageRow).values(message_id=message_id).on_conflict_do_nothing()
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def prune(self, now: datetime, keep: timedelta) -> None:
+        async with self.sessions.begin() as session:
+            await session.execute(delete(ProcessedMessageRow).where(ProcessedMessageRow.processed_at < now - keep))
+            await session.execute(delete(DemandSignalRow).where(DemandSignalRow.time < now - keep))
+
+    # ---- manifests (admin API) ---------------------------------------------------------------------------
+    async def put_model(self, model: Model, now: datetime) -> tuple[ModelRow, bool]:
+        manifest = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        manifest["metadata"]["namespace"] = model.namespace
+        async with self.sessions.begin() as session:
+            row = await session.get(ModelRow, (model.namespace, model.name), with_for_update=True)
+            created = row is None
+            if row is None:
+                row = ModelRow(namespace=model.namespace, name=model.name, manifest=manifest, spec_generation=1)
+                row.created_at = now
+                session.add(row)
+            elif row.manifest != manifest:
+                row.manifest = manifest
+                row.spec_generation += 1
+            row.priority = model.spec.gpu.priority
+            row.updated_at = now
+            await session.flush()
+            await self._recompute_membership(session)
+            await session.flush()
+            await session.refresh(row)
+            return row, created
+
+    async def delete_model(self, namespace: str, name: str) -> ModelRow | None:
+        async with self.sessions.begin() as session:
+            row = await session.get(ModelRow, (namespace, name))
+            if row is None:
+                return None
+            await session.delete(row)
+            await session.execute(
+                delete(DemandSignalRow).where(DemandSignalRow.namespace == namespace, DemandSignalRow.name == name)
+            )
+            return row
+
+    async def put_gpugroup(self, group: GPUGroup, now: datetime) -> bool:
+        manifest = group.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        async with self.sessions.begin() as session:
+            stmt = insert(GroupRow).values(name=group.name, policy=GroupPolicy.V1ALPHA1.value, manifest=manifest)
+            result = await session.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[GroupRow.name],
+                    set_={"policy": GroupPolicy.V1ALPHA1.value, "manifest": manifest, "updated_at": now},
+                ).returning(text("xmax = 0"))
+            )
+            created = bool(result.scalar())
+            await self._recompute_membership(session)
+            return created
+
+    async def delete_group(self, name: str) -> bool:
+        async with self.sessions.begin() as session:
+            row = await session.get(GroupRow, name)
+            if row is None:
+                return False
+            await session.delete(row)
+            await session.flush()
+            await self._recompute_membership(session)
+            return True
+
+    async def _recompute_membership(self, session: AsyncSession) -> None:
+        """A model belongs to ``spec.gpu.shared``'s group, or to the GPUGroup that lists it (with its priority)."""
+        listed: dict[ModelKey, tuple[str, int]] = {}
+        for g in (await session.scalars(select(GroupRow).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value))).all():
+            if g.manifest:
+                for m in GPUGroup.model_validate(g.manifest).spec.models:
+                    listed[ModelKey(m.namespace or "default", m.name)] = (g.name, m.priority)
+        for row in (await session.scalars(select(ModelRow))).all():
+            spec = Model.model_validate(row.manifest).spec
+            group, priority = spec.gpu.shared, spec.gpu.priority
+            if group is None and _key(row) in listed:
+                group, priority = listed[_key(row)]
+            group = group or solo_group(_key(row))
+            if row.group_name != group:
+                row.group_name = group
+            if row.priority != priority:
+                row.priority = priority
+
+    async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
+        async with self.sessions.begin() as session:
+            row = await session.get(ModelRow, (namespace, name))
+            if row is None:
+                return None
+            row.promoted_at = now
+            row.idle_parked_at = None
+            row.failed_at = None
+            return row
+
+    async def models(self) -> list[ModelRow]:
+        async with self.sessions() as session:
+            return list((await session.scalars(select(ModelRow).order_by(ModelRow.namespace, ModelRow.name))).all())
+
+    async def model(self, namespace: str, name: str) -> ModelRow | None:
+        async with self.sessions() as session:
+            return await session.get(ModelRow, (namespace, name))
+
+    async def groups(self) -> list[GroupRow]:
+        async with self.sessions() as session:
+            return list((await session.scalars(select(GroupRow).order_by(GroupRow.name))).all())
+
+    async def swaps(self, limit: int = 200) -> list[SwapRow]:
+        async with self.sessions() as session:
+            rows = await session.scalars(select(SwapRow).order_by(SwapRow.started_at.desc()).limit(limit))
+            return list(rows.all())

@@ -1,0 +1,209 @@
+"""The leader elections of the seed, as pure functions of a group snapshot and ``now``. No side effects.
+
+v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's four stages:
+1. anti-thrashing: a member preempted within the group's cooldown (max ``swapCooldown``) keeps the Active model;
+2. classify: readyLeader (loaded), recentLeader (active within 5 min), demandedLeader (within the 2 min demand
+   window), fallbackLeader (any), each the best by priority, then most recent ``lastActiveTime``, then name;
+3. demand preemption: the demanded model wins when the ready leader is idle and ``demandedPriority >= readyPriority``;
+4. fallback: readyLeader > recentLeader > fallbackLeader.
+
+Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
+forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
+that failed to load, until a request or demand names it again (``lastActiveTime`` after the park or failure).
+
+v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests over the threshold, seen
+within the hysteresis window) sorted by priority descending; the incumbent keeps the GPU for its minimum run
+duration and while a preemption cooldown runs, and is parked when idle past the idle timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, V1Alpha1Policy, lease_is_active
+
+_EPOCH_KEY = float("-inf")
+
+
+class ElectionReason(StrEnum):
+    LEASE = "gpu-lease"
+    FORCE_PROMOTION = "force-promotion"
+    COOLDOWN = "cooldown"
+    DEMAND = "demand"
+    READY = "ready"
+    RECENT = "recent"
+    FALLBACK = "fallback"
+    MINIMUM_RUN = "minimum-run"
+    NO_CANDIDATE = "no-candidate"
+
+
+@dataclass(frozen=True)
+class ElectionParams:
+    demand_window: timedelta = timedelta(minutes=2)
+    recent_window: timedelta = timedelta(minutes=5)
+    default_swap_cooldown: timedelta = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Election:
+    leader: ModelKey | None
+    reason: ElectionReason
+    idle_expired: tuple[ModelKey, ...] = ()
+    detail: str = ""
+
+
+def rank(member: Member) -> tuple[int, float, str, str]:
+    """Sort key of the seed's tie-break: highest priority, then most recent lastActiveTime, then name."""
+    last = member.last_active_time.timestamp() if member.last_active_time else _EPOCH_KEY
+    return (-member.priority, -last, member.key.name, member.key.namespace)
+
+
+def best(members: Iterable[Member]) -> Member | None:
+    ordered = sorted(members, key=rank)
+    return ordered[0] if ordered else None
+
+
+def group_cooldown(members: Iterable[Member], default: timedelta) -> timedelta:
+    """The maximum ``swapCooldown`` over the group's members (default 5 min for a member without one)."""
+    return max((m.swap_cooldown if m.swap_cooldown is not None else default for m in members), default=default)
+
+
+def cooldown_remaining(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> timedelta:
+    if snapshot.v1alpha1 is not None:
+        window = snapshot.v1alpha1.cooldown_after_preemption
+    else:
+        window = group_cooldown(snapshot.members, params.default_swap_cooldown)
+    latest = max((m.preempted_at for m in snapshot.members if m.preempted_at), default=None)
+    if latest is None:
+        return timedelta(0)
+    return max(timedelta(0), latest + window - now)
+
+
+def idle_reference(member: Member) -> datetime | None:
+    """When the member was last busy: its last request, or when it became ready if it never served one since."""
+    times = [t for t in (member.last_active_time, member.ready_since) if t is not None]
+    return max(times) if times else None
+
+
+def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | None) -> bool:
+    if timeout is None or not member.loaded:
+        return False
+    since = idle_reference(member)
+    return since is not None and now - since >= timeout
+
+
+def is_eligible(member: Member) -> bool:
+    """Left out after an idle park or a failed load, until a request or demand names the model again."""
+    for since in (member.idle_parked_at, member.failed_at):
+        if since is not None and (member.last_active_time is None or member.last_active_time <= since):
+            return False
+    return True
+
+
+def _is_idle(member: Member, now: datetime, window: timedelta) -> bool:
+    return member.last_active_time is None or now - member.last_active_time > window
+
+
+def _forced(snapshot: GroupSnapshot) -> Member | None:
+    forced = [m for m in snapshot.members if m.force_promotion]
+    if forced:
+        return best(forced)
+    promoted = [m for m in snapshot.members if m.promoted_at is not None]
+    return max(promoted, key=lambda m: (m.promoted_at, m.key)) if promoted else None
+
+
+def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
+    """The v1alpha2 election (see the module docstring). Pure: reads only its arguments."""
+    if lease_is_active(snapshot.lease, now):
+        assert snapshot.lease is not None
+        return Election(None, ElectionReason.LEASE, detail=f"gpu-lease/{snapshot.lease.owner}")
+
+    forced = _forced(snapshot)
+    if forced is not None:
+        return Election(forced.key, ElectionReason.FORCE_PROMOTION)
+
+    expired = tuple(m.key for m in snapshot.members if idle_timeout_expired(m, now, m.idle_timeout))
+    candidates = [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
+
+    active = snapshot.member(snapshot.active)
+    # Stage 1: anti-thrashing.
+    if active is not None and active in candidates and cooldown_remaining(snapshot, now, params) > timedelta(0):
+        return Election(active.key, ElectionReason.COOLDOWN, expired)
+
+    # Stage 2: classify.
+    ready = best(m for m in candidates if m.loaded)
+    recent = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    demanded = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.demand_window)
+    fallback = best(candidates)
+
+    # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen.
+    if demanded is not None and (
+        ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
+    ):
+        return Election(demanded.key, ElectionReason.DEMAND, expired)
+
+    # Stage 4: fallback.
+    for leader, reason in (
+        (ready, ElectionReason.READY),
+        (recent, ElectionReason.RECENT),
+        (fallback, ElectionReason.FALLBACK),
+    ):
+        if leader is not None:
+            return Election(leader.key, reason, expired)
+    return Election(None, ElectionReason.NO_CANDIDATE, expired)
+
+
+def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alpha1Policy) -> Election:
+    """The v1alpha1 GPUGroup election. Pure: reads only its arguments.
+
+    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold and
+    the demand was seen within the hysteresis window. Demanded members sort by priority descending; the first wins,
+    unless the incumbent is protected: it has run less than the minimum run duration, or a preemption cooldown runs.
+    An incumbent idle past the idle timeout is parked.
+    """
+    if lease_is_active(snapshot.lease, now):
+        assert snapshot.lease is not None
+        return Election(None, ElectionReason.LEASE, detail=f"gpu-lease/{snapshot.lease.owner}")
+    forced = _forced(snapshot)
+    if forced is not None:
+        return Election(forced.key, ElectionReason.FORCE_PROMOTION)
+
+    expired = tuple(m.key for m in snapshot.members if idle_timeout_expired(m, now, policy.idle_timeout))
+    candidates = [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
+    active = snapshot.member(snapshot.active)
+    incumbent = active if active is not None and active in candidates else None
+
+    demanded = sorted(
+        (
+            m
+            for m in candidates
+            if m.queued >= policy.request_queue_threshold
+            and m.last_active_time is not None
+            and now - m.last_active_time <= policy.hysteresis_window
+        ),
+        key=rank,
+    )
+    if incumbent is not None:
+        if snapshot.leader_since is not None and now - snapshot.leader_since < policy.minimum_run_duration:
+            return Election(incumbent.key, ElectionReason.MINIMUM_RUN, expired)
+        if cooldown_remaining(snapshot, now, ElectionParams()) > timedelta(0):
+            return Election(incumbent.key, ElectionReason.COOLDOWN, expired)
+        if incumbent in demanded or not demanded:
+            return Election(incumbent.key, ElectionReason.READY, expired)
+        return Election(demanded[0].key, ElectionReason.DEMAND, expired)
+    if demanded:
+        return Election(demanded[0].key, ElectionReason.DEMAND, expired)
+    # Nothing demanded and nobody active: a member with any demand at all gets the GPU rather than nobody.
+    waiting = best(m for m in candidates if m.queued > 0)
+    if waiting is not None:
+        return Election(waiting.key, ElectionReason.DEMAND, expired)
+    return Election(None, ElectionReason.NO_CANDIDATE, expired)
+
+
+def elect(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
+    if snapshot.v1alpha1 is not None:
+        return determine_active_model(snapshot, now, snapshot.v1alpha1)
+    return choose_shared_group_leader(snapshot, now, params)

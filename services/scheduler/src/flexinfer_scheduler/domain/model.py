@@ -1,0 +1,138 @@
+"""The scheduler's pure view of a group: members, leases and the group's own state, as of one snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SwapPhase, SwapReason
+
+
+@dataclass(frozen=True, order=True)
+class ModelKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+# The actuator has not confirmed this model's state since it (re)started: not safe to assume it is parked.
+RUNTIME_UNKNOWN = "Unknown"
+
+LOADED_RUNTIME = {RuntimePhase.LOADING.value, RuntimePhase.READY.value}
+PARKED_RUNTIME = {None, RuntimePhase.PARKED.value, RuntimePhase.FAILED.value}
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a group, with everything the election and the swap planner read."""
+
+    key: ModelKey
+    priority: int = 0
+    last_active_time: datetime | None = None
+    preempted_at: datetime | None = None
+    preempted_by: str | None = None
+    swap_cooldown: timedelta | None = None
+    idle_timeout: timedelta | None = None
+    force_promotion: bool = False
+    promoted_at: datetime | None = None
+    # what the actuator last reported, for the command generation it answers
+    runtime: str | None = None
+    runtime_generation: int = 0
+    runtime_message: str = ""
+    endpoint: str | None = None
+    # what the scheduler last asked for
+    desired_action: ScaleAction | None = None
+    command_generation: int = 0
+    command_issued_at: datetime | None = None
+    ready_since: datetime | None = None
+    idle_parked_at: datetime | None = None
+    failed_at: datetime | None = None
+    last_failure: str | None = None
+    queued: int = 0
+
+    @property
+    def runtime_confirmed(self) -> bool:
+        """The last report answers the last command (a stale report says nothing about the present)."""
+        return self.desired_action is None or self.runtime_generation >= self.command_generation
+
+    @property
+    def loaded(self) -> bool:
+        """Holding the GPU or about to: loading or serving for the current command."""
+        return self.desired_action == ScaleAction.ACTIVATE and self.runtime in LOADED_RUNTIME
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.desired_action == ScaleAction.ACTIVATE
+            and self.runtime == RuntimePhase.READY
+            and self.runtime_confirmed
+        )
+
+    @property
+    def parked(self) -> bool:
+        """Confirmed off the GPU (never started, parked, or failed)."""
+        if self.desired_action is None:
+            return self.runtime in PARKED_RUNTIME
+        return self.runtime_confirmed and self.runtime in PARKED_RUNTIME
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    group: str
+    owner: str
+    expires_at: datetime
+
+    def is_active(self, now: datetime) -> bool:
+        return now < self.expires_at
+
+
+def lease_is_active(lease: Lease | None, now: datetime) -> bool:
+    """The election ignores a lease once ``now >= expiresAt`` (the seed's TTL backstop)."""
+    return lease is not None and lease.is_active(now)
+
+
+@dataclass(frozen=True)
+class V1Alpha1Policy:
+    """The seed's GPUGroup knobs, in seconds."""
+
+    hysteresis_window: timedelta = timedelta(seconds=10)
+    request_queue_threshold: int = 3
+    minimum_run_duration: timedelta = timedelta(seconds=30)
+    cooldown_after_preemption: timedelta = timedelta(seconds=60)
+    drain_timeout: timedelta = timedelta(seconds=60)
+    idle_timeout: timedelta = timedelta(seconds=300)
+
+
+@dataclass(frozen=True)
+class Swap:
+    id: str
+    from_model: ModelKey | None
+    to_model: ModelKey | None
+    reason: SwapReason
+    phase: SwapPhase
+    started_at: datetime
+    phase_started_at: datetime
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    name: str
+    members: tuple[Member, ...]
+    policy: GroupPolicy = GroupPolicy.V1ALPHA2
+    v1alpha1: V1Alpha1Policy | None = None
+    active: ModelKey | None = None
+    leader_since: datetime | None = None
+    swap: Swap | None = None
+    lease: Lease | None = None
+
+    def member(self, key: ModelKey | None) -> Member | None:
+        if key is None:
+            return None
+        for member in self.members:
+            if member.key == key:
+                return member
+        return None

@@ -1,0 +1,428 @@
+"""The scheduler's loop: observe (bus inputs into Postgres) -> decide (plan_group, pure) -> apply (one
+transaction, then commands, routes, statuses and events on the bus).
+
+Event-driven for speed (a demand or a runtime report starts a pass at once) and level-triggered for safety (a
+pass runs every reconcile interval anyway). Only the replica holding the Postgres advisory lock leads: it alone
+consumes the bus and runs passes. Everything a pass needs is in Postgres, so a new leader resumes any swap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+import asyncpg
+from flexinfer_common import subjects
+from flexinfer_common.bus import Bus, Delivery, decode_demand, decode_json
+from flexinfer_common.clock import Clock
+from flexinfer_common.db import ModelRow
+from flexinfer_common.enums import ScaleAction, SwapPhase
+from flexinfer_common.logs import get_logger
+from flexinfer_common.manifests import Model
+from flexinfer_common.messages import (
+    ActuatorHello,
+    Demand,
+    ModelStatus,
+    ModelStatusUpdate,
+    Route,
+    RuntimeSpec,
+    RuntimeStatus,
+    ScaleCommand,
+    SharedGroupStatus,
+    SwapEvent,
+    new_id,
+)
+from flexinfer_common.metrics import ELECTION_DURATION, GROUP_ACTIVE_MODEL, LEASE_READ_ERRORS, SWAP_DURATION, SWAPS
+from sqlalchemy.engine import make_url
+
+from flexinfer_scheduler.adapters.store import Store
+from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
+from flexinfer_scheduler.settings import SchedulerSettings
+
+log = get_logger("flexinfer.scheduler")
+
+
+def runtime_spec(row: ModelRow) -> RuntimeSpec:
+    model = Model.model_validate(row.manifest)
+    return RuntimeSpec(
+        namespace=row.namespace,
+        name=row.name,
+        deployment=model.spec.deployment or row.name,
+        command=model.spec.local.command,
+        env=model.spec.local.env,
+        port=model.spec.endpoint.port,
+        readiness_path=model.spec.endpoint.readiness_path,
+        park_strategy=model.spec.gpu.park_strategy,
+    )
+
+
+@dataclass
+class PassResult:
+    plans: list[GroupPlan]
+    seconds: float
+
+
+class Scheduler:
+    def __init__(self, *, store: Store, bus: Bus, settings: SchedulerSettings, clock: Clock) -> None:
+        self.store = store
+        self.bus = bus
+        self.settings = settings
+        self.clock = clock
+        self.params = ElectionParams(
+            demand_window=settings.shared_demand_window,
+            recent_window=settings.recent_leader_window,
+            default_swap_cooldown=settings.default_swap_cooldown,
+        )
+        self.is_leader = False
+        self._kick = asyncio.Event()
+        self._routes: dict[ModelKey, Route] = {}
+        self._statuses: dict[ModelKey, ModelStatus] = {}
+        self._active_metric: dict[str, str] = {}
+        self._kv: Any = None
+        self._consumers: list[Any] = []
+        self._last_prune = 0.0
+
+    def kick(self) -> None:
+        """Ask for an election pass now (an event arrived, or the admin API changed something)."""
+        self._kick.set()
+
+    # ---- leadership --------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        lock_conn: asyncpg.Connection | None = None
+        try:
+            while not stop.is_set():
+                if not self.is_leader:
+                    lock_conn = await self._try_lead(lock_conn)
+                    if not self.is_leader:
+                        await _wait(stop, self.settings.reconcile_interval.total_seconds())
+                        continue
+                    await self._become_leader()
+                try:
+                    await asyncio.wait_for(lock_conn.fetchval("SELECT 1"), timeout=5)  # type: ignore[union-attr]
+                except Exception as exc:
+                    log.error("lost the leader lock's connection; stepping down", extra={"error": repr(exc)})
+                    await self._step_down()
+                    lock_conn = None
+                    continue
+                try:
+                    await self.election_pass()
+                except Exception:
+                    log.exception("election pass failed; retrying at the next tick")
+                await self._wait_for_kick(stop)
+        finally:
+            await self._step_down()
+            if lock_conn is not None:
+                with contextlib.suppress(Exception):
+                    await lock_conn.close()
+
+    async def _try_lead(self, conn: asyncpg.Connection | None) -> asyncpg.Connection | None:
+        try:
+            if conn is None or conn.is_closed():
+                url = make_url(self.settings.database_url).set(drivername="postgresql")
+                conn = await asyncpg.connect(url.render_as_string(hide_password=False), timeout=5)
+            self.is_leader = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.settings.leader_lock_id))
+        except Exception as exc:
+            log.warning("cannot reach Postgres for the leader lock", extra={"error": repr(exc)})
+            self.is_leader = False
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            return None
+        return conn
+
+    async def _become_leader(self) -> None:
+        log.info("leading: consuming the bus and running elections")
+        self._routes.clear()  # publish every route once as the new leader
+        self._statuses.clear()
+        self._kv = await self.bus.routes()
+        self._consumers = [
+            await self.bus.consume(
+                stream=subjects.DEMAND_STREAM,
+                durable="scheduler-demand",
+                filter_subject=subjects.DEMAND_PREFIX + ".>",
+                decode=decode_demand,
+                handler=self.on_demand,
+            ),
+            await self.bus.consume(
+                stream=subjects.RUNTIME_STATUS_STREAM,
+                durable="scheduler-runtime",
+                filter_subject=subjects.RUNTIME_STATUS_PREFIX + ".>",
+                decode=partial(decode_json, RuntimeStatus),
+                handler=self.on_runtime_status,
+            ),
+            await self.bus.consume(
+                stream=subjects.RUNTIME_STATUS_STREAM,
+                durable="scheduler-hello",
+                filter_subject=subjects.ACTUATOR_HELLO_PREFIX + ".>",
+                decode=partial(decode_json, ActuatorHello),
+                handler=self.on_actuator_hello,
+            ),
+        ]
+        self.kick()
+
+    async def _step_down(self) -> None:
+        if self.is_leader:
+            log.info("no longer leading")
+        self.is_leader = False
+        for consumer in self._consumers:
+            await consumer.stop()
+        self._consumers = []
+
+    async def _wait_for_kick(self, stop: asyncio.Event) -> None:
+        kicked = asyncio.ensure_future(self._kick.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                {kicked, stopped},
+                timeout=self.settings.reconcile_interval.total_seconds(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            kicked.cancel()
+            stopped.cancel()
+        self._kick.clear()
+
+    # ---- bus inputs --------------------------------------------------------------------------------------
+    async def on_demand(self, demand: Demand, delivery: Delivery) -> None:
+        now = self.clock.now()
+        when = min(demand.time, now) if demand.time else now
+        recorded = await self.store.record_demand(
+            namespace=demand.namespace,
+            name=demand.model,
+            source=demand.source,
+            queued=demand.queued,
+            when=when,
+            message_id=delivery.message_id,
+        )
+        if recorded:
+            self.kick()
+        else:
+            log.info(
+                "demand ignored (unknown model or repeated message)",
+                extra={"model": f"{demand.namespace}/{demand.model}"},
+            )
+
+    async def on_runtime_status(self, status: RuntimeStatus, _: Delivery) -> None:
+        stored = await self.store.record_runtime(
+            namespace=status.namespace,
+            name=status.model,
+            phase=status.phase.value,
+            generation=status.generation,
+            endpoint=status.endpoint,
+            message=status.message,
+            when=status.time,
+        )
+        if stored:
+            self.kick()
+        else:
+            log.debug("stale runtime status ignored", extra={"model": f"{status.namespace}/{status.model}"})
+
+    async def on_actuator_hello(self, hello: ActuatorHello, _: Delivery) -> None:
+        count = await self.store.forget_runtime()
+        log.info("actuator started; re-issuing commands", extra={"actuator": hello.actuator, "models": count})
+        self.kick()
+
+    # ---- one pass ----------------------------------------------------------------------------------------
+    async def election_pass(self) -> PassResult:
+        started = time.perf_counter()
+        now = self.clock.now()
+        world, leases_ok = await self.store.load_world(now, self.settings.shared_demand_window)
+        if not leases_ok:
+            LEASE_READ_ERRORS.inc()
+            log.warning("lease read failed; electing as if unleased (fail open toward serving)")
+        plans = [
+            plan_group(
+                group,
+                now,
+                self.params,
+                command_retry=self.settings.command_retry,
+                new_swap_id=new_id(),
+            )
+            for group in world.groups
+        ]
+        elapsed = time.perf_counter() - started
+        ELECTION_DURATION.observe(elapsed)
+        await self.store.apply_plans(plans, now)
+        rows = {ModelKey(r.namespace, r.name): r for r in await self.store.models()}
+        for plan in plans:
+            await self._publish(plan, rows, now)
+        await self._forget_deleted(set(rows))
+        if time.monotonic() - self._last_prune > 60:
+            self._last_prune = time.monotonic()
+            await self.store.prune(now, self.settings.prune_after)
+        return PassResult(plans, elapsed)
+
+    async def _publish(self, plan: GroupPlan, rows: dict[ModelKey, ModelRow], now: datetime) -> None:
+        for command in plan.commands:
+            row = rows.get(command.key)
+            if row is not None:
+                await self._send(command, plan.group, row, now)
+        for update in plan.swap_updates:
+            swap = update.swap
+            if update.created:
+                SWAPS.labels(
+                    group=plan.group,
+                    from_model=swap.from_model.name if swap.from_model else "",
+                    to_model=swap.to_model.name if swap.to_model else "",
+                    reason=swap.reason.value,
+                ).inc()
+            if update.finished_at is not None:
+                for phase, seconds in swap.phases.items():
+                    SWAP_DURATION.labels(group=plan.group, phase=phase).observe(seconds)
+            kind = (
+                "swap.started"
+                if update.created and update.finished_at is None
+                else "swap.failed"
+                if swap.phase == SwapPhase.ABORTED
+                else "swap.finished"
+                if update.finished_at is not None
+                else "swap.phase"
+            )
+            event = SwapEvent(
+                kind=kind,
+                swap_id=swap.id,
+                group=plan.group,
+                from_model=str(swap.from_model) if swap.from_model else None,
+                to_model=str(swap.to_model) if swap.to_model else None,
+                reason=swap.reason,
+                phase=swap.phase,
+                phases=swap.phases,
+                message=update.message,
+                time=now,
+            )
+            await self._safe_publish(subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}")
+            log.info(
+                kind,
+                extra={
+                    "group": plan.group,
+                    "swap": swap.id,
+                    "phase": swap.phase.value,
+                    "from": event.from_model,
+                    "to": event.to_model,
+                    "reason": swap.reason.value,
+                },
+            )
+        active_name = plan.active.name if plan.active else ""
+        previous = self._active_metric.get(plan.group)
+        if previous != active_name:
+            if previous:
+                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
+            if active_name:
+                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
+            self._active_metric[plan.group] = active_name
+        for key, view in plan.statuses.items():
+            row = rows.get(key)
+            if row is not None:
+                await self._publish_route(key, plan.group, row, view, now)
+                await self._publish_status(key, row, now)
+
+    async def _send(self, command: Command, group: str, row: ModelRow, now: datetime) -> None:
+        message = ScaleCommand(
+            group=group,
+            namespace=row.namespace,
+            model=row.name,
+            action=command.action,
+            generation=command.generation,
+            swap_id=command.swap_id,
+            runtime=runtime_spec(row),
+            issued_at=now,
+        )
+        log.info(
+            "command",
+            extra={
+                "model": f"{row.namespace}/{row.name}",
+                "action": command.action.value,
+                "generation": command.generation,
+                "reissue": command.reissue,
+            },
+        )
+        await self._safe_publish(
+            subjects.command_subject(row.namespace, row.name),
+            message,
+            msg_id=None if command.reissue else f"{row.namespace}/{row.name}:{command.generation}",
+        )
+
+    async def _publish_route(self, key: ModelKey, group: str, row: ModelRow, view: StatusView, now: datetime) -> None:
+        model = Model.model_validate(row.manifest)
+        route = Route(
+            namespace=key.namespace,
+            name=key.name,
+            group=None if group.startswith("solo.") else group,
+            priority=row.priority,
+            service_labels=model.spec.service_labels,
+            phase=view.phase,
+            state=view.state,
+            ready=view.ready and row.desired_action == ScaleAction.ACTIVATE.value,
+            endpoint=row.endpoint if view.ready else None,
+            failure=view.failure,
+            generation=row.command_generation,
+            updated_at=now,
+        )
+        previous = self._routes.get(key)
+        if previous is not None and previous.model_copy(update={"updated_at": now}) == route:
+            return
+        try:
+            await self._kv.put(subjects.route_key(key.namespace, key.name), route.to_bytes())
+            self._routes[key] = route
+        except Exception as exc:
+            log.warning("route publish failed; retrying next pass", extra={"model": str(key), "error": repr(exc)})
+
+    async def _publish_status(self, key: ModelKey, row: ModelRow, now: datetime) -> None:
+        status = model_status(row)
+        if self._statuses.get(key) == status:
+            return
+        update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
+        await self._safe_publish(subjects.model_status_subject(key.namespace, key.name), update, None)
+        self._statuses[key] = status
+
+    async def _forget_deleted(self, present: set[ModelKey]) -> None:
+        for key in [k for k in self._routes if k not in present]:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(subjects.route_key(key.namespace, key.name))
+            self._routes.pop(key, None)
+            self._statuses.pop(key, None)
+
+    async def forget_route(self, namespace: str, name: str) -> None:
+        """A model was deleted through the admin API: the proxy must stop knowing it at once."""
+        key = ModelKey(namespace, name)
+        if self._kv is None:
+            self._kv = await self.bus.routes()
+        with contextlib.suppress(Exception):
+            await self._kv.delete(subjects.route_key(namespace, name))
+        self._routes.pop(key, None)
+        self._statuses.pop(key, None)
+
+    async def _safe_publish(self, subject: str, message: Any, msg_id: str | None) -> None:
+        try:
+            await self.bus.publish(subject, message, msg_id=msg_id)
+        except Exception as exc:
+            # A lost command is re-sent by the reconcile (command_retry); routes and statuses are re-published.
+            log.warning("publish failed", extra={"subject": subject, "error": repr(exc)})
+
+
+def model_status(row: ModelRow) -> ModelStatus:
+    from flexinfer_common.enums import ModelPhase, SharedState
+
+    return ModelStatus(
+        phase=ModelPhase(row.phase),
+        last_active_time=row.last_active_time,
+        shared_group=SharedGroupStatus(
+            state=SharedState(row.shared_state) if row.shared_state else None,
+            queue_position=row.queue_position,
+            preempted_at=row.preempted_at,
+        ),
+        preempted_by=row.preempted_by,
+        message=row.message,
+    )
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -1,0 +1,67 @@
+"""Entry point: ``python -m flexinfer_scheduler``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from flexinfer_common.bus import Bus
+from flexinfer_common.clock import SystemClock
+from flexinfer_common.db import create_engine, session_factory
+from flexinfer_common.logs import configure_logging, get_logger
+from flexinfer_common.service import HttpServer, run_until_signalled
+from flexinfer_common.settings import SettingsError, load_settings
+
+from flexinfer_scheduler.adapters.store import Store
+from flexinfer_scheduler.api import create_app
+from flexinfer_scheduler.loop import Scheduler
+from flexinfer_scheduler.settings import SchedulerSettings
+
+log = get_logger("flexinfer.scheduler")
+
+
+async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
+    engine = create_engine(settings.database_url, pool_size=10)
+    store = Store(session_factory(engine))
+    bus = Bus(settings.nats_url, name="flexinfer-scheduler")
+    await bus.connect()
+    await bus.ensure_streams()
+    clock = SystemClock()
+    scheduler = Scheduler(store=store, bus=bus, settings=settings, clock=clock)
+
+    async def readiness() -> dict[str, bool]:
+        db_ok = True
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+        except Exception:
+            db_ok = False
+        return {"nats": bus.connected, "postgres": db_ok}
+
+    app = create_app(
+        store=store, scheduler=scheduler, clock=clock, admin_token=settings.admin_token_value(), readiness=readiness
+    )
+    http = HttpServer(app, host=settings.bind_host, port=settings.scheduler_port, name="scheduler")
+    await http.start()
+    log.info("scheduler listening", extra={"port": http.port})
+    try:
+        await scheduler.run(stop)
+    finally:
+        await http.stop()
+        await bus.close()
+        await engine.dispose()
+        log.info("scheduler stopped")
+
+
+def run() -> None:
+    try:
+        settings = load_settings(SchedulerSettings)
+    except SettingsError as exc:
+        print(f"flexinfer-scheduler: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure_logging("scheduler", settings.log_level)
+    run_until_signalled(lambda stop: serve(settings, stop))
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flexinfer_common.settings import CommonSettings, Duration
+
+
+class SchedulerSettings(CommonSettings):
+    command_retry: Duration = timedelta(seconds=10)
+    leader_lock_id: int = 0x466C6578  # "Flex"
+    prune_after: Duration = timedelta(hours=1)

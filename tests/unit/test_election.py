@@ -1,0 +1,303 @@
+"""The v1alpha2 election of the seed, one row per rule ("Leader Election Algorithm (v1alpha2)", "Priority
+semantics", "Anti-Thrashing Mechanics", "Demand Signaling Lifecycle", "Training on a shared card")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, choose_shared_group_leader
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+PARAMS = ElectionParams()
+
+
+def ago(**kw: float) -> datetime:
+    return NOW - timedelta(**kw)
+
+
+def model(
+    name: str,
+    *,
+    priority: int = 0,
+    ready: bool = False,
+    loading: bool = False,
+    active: datetime | None = None,
+    preempted: datetime | None = None,
+    cooldown: timedelta | None = None,
+    idle_timeout: timedelta | None = None,
+    ready_since: datetime | None = None,
+    force: bool = False,
+    idle_parked: datetime | None = None,
+    failed: datetime | None = None,
+) -> Member:
+    runtime = RuntimePhase.READY.value if ready else RuntimePhase.LOADING.value if loading else None
+    return Member(
+        key=ModelKey("default", name),
+        priority=priority,
+        last_active_time=active,
+        preempted_at=preempted,
+        swap_cooldown=cooldown,
+        idle_timeout=idle_timeout,
+        force_promotion=force,
+        runtime=runtime,
+        desired_action=ScaleAction.ACTIVATE if runtime else None,
+        command_generation=1 if runtime else 0,
+        runtime_generation=1 if runtime else 0,
+        ready_since=ready_since,
+        idle_parked_at=idle_parked,
+        failed_at=failed,
+    )
+
+
+def group(*members: Member, active: str | None = None, lease: Lease | None = None) -> GroupSnapshot:
+    return GroupSnapshot(
+        name="gpu",
+        members=members,
+        active=ModelKey("default", active) if active else None,
+        lease=lease,
+    )
+
+
+CASES = [
+    # Stage 1 — anti-thrashing
+    pytest.param(
+        group(
+            model("a", ready=True),
+            model("b", priority=100, active=ago(seconds=5), preempted=ago(minutes=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.COOLDOWN,
+        id="cooldown-holds-active-against-higher-priority-demand",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True), model("b", active=ago(seconds=5), preempted=ago(minutes=5, seconds=1)), active="a"
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="cooldown-over-after-5-minutes-default",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, cooldown=timedelta(minutes=10)),
+            model("b", active=ago(seconds=5), preempted=ago(minutes=7), cooldown=timedelta(minutes=3)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.COOLDOWN,
+        id="cooldown-is-the-maximum-swapCooldown-of-the-group",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, cooldown=timedelta(minutes=2)),
+            model("b", active=ago(seconds=5), preempted=ago(minutes=3), cooldown=timedelta(minutes=2)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="per-model-swapCooldown-override-shortens-it",
+    ),
+    # Stage 3 — demand-based preemption and the priority gate
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=3)),
+            model("b", priority=100, active=ago(seconds=1)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="equal-priority-demand-preempts-idle-incumbent",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=3)),
+            model("b", priority=200, active=ago(seconds=1)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="higher-priority-demand-preempts-idle-incumbent",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=200, ready=True, active=ago(minutes=3)),
+            model("b", priority=100, active=ago(seconds=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="lower-priority-never-preempts-even-idle-incumbent",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(seconds=30)),
+            model("b", priority=200, active=ago(seconds=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="busy-incumbent-is-not-preempted-even-by-higher-priority",
+    ),
+    pytest.param(
+        group(model("a", ready=True, active=None), model("b", active=ago(seconds=1)), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="incumbent-never-used-counts-as-idle",
+    ),
+    pytest.param(
+        group(model("a", ready=True, active=ago(minutes=3)), model("b", active=ago(minutes=2, seconds=1)), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="demand-expires-after-2-minutes",
+    ),
+    pytest.param(
+        group(model("a", priority=10), model("b", priority=5, active=ago(seconds=3))),
+        "b",
+        ElectionReason.DEMAND,
+        id="demanded-wins-when-nothing-is-loaded",
+    ),
+    # Stage 2 tie-breaks within a category
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=9)),
+            model("b", priority=50, active=ago(seconds=2)),
+            model("c", priority=100, active=ago(seconds=10)),
+            active="a",
+        ),
+        "c",
+        ElectionReason.DEMAND,
+        id="demanded-tie-break-highest-priority",
+    ),
+    pytest.param(
+        group(model("b", priority=10, active=ago(seconds=50)), model("c", priority=10, active=ago(seconds=5))),
+        "c",
+        ElectionReason.DEMAND,
+        id="tie-break-most-recent-lastActiveTime",
+    ),
+    pytest.param(
+        group(model("zeta", priority=10, active=ago(seconds=5)), model("alpha", priority=10, active=ago(seconds=5))),
+        "alpha",
+        ElectionReason.DEMAND,
+        id="tie-break-alphabetical-name",
+    ),
+    # Stage 4 — fallback order
+    pytest.param(
+        group(
+            model("a", priority=1, ready=True, active=ago(minutes=10)), model("b", priority=9, active=ago(minutes=4))
+        ),
+        "a",
+        ElectionReason.READY,
+        id="fallback-ready-leader-first",
+    ),
+    pytest.param(
+        group(model("a", priority=1, active=ago(minutes=4)), model("b", priority=9)),
+        "a",
+        ElectionReason.RECENT,
+        id="fallback-recent-leader-before-plain-fallback",
+    ),
+    pytest.param(
+        group(model("a", priority=1), model("b", priority=9)),
+        "b",
+        ElectionReason.FALLBACK,
+        id="fallback-leader-highest-priority-when-nothing-else",
+    ),
+    pytest.param(
+        group(model("a", priority=1, active=ago(minutes=6)), model("b", priority=9)),
+        "b",
+        ElectionReason.FALLBACK,
+        id="recent-window-is-5-minutes",
+    ),
+    pytest.param(
+        group(model("a", priority=100, loading=True), model("b", priority=100, active=ago(minutes=3))),
+        "a",
+        ElectionReason.READY,
+        id="a-loading-leader-counts-as-ready-so-fallback-does-not-flip",
+    ),
+    # Idle timeout and failed loads
+    pytest.param(
+        group(
+            model(
+                "a",
+                priority=200,
+                ready=True,
+                ready_since=ago(minutes=20),
+                active=ago(minutes=11),
+                idle_timeout=timedelta(minutes=10),
+            ),
+            model("b", priority=100, active=ago(seconds=3)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="idle-timeout-parks-incumbent-and-lower-priority-gets-gpu",
+    ),
+    pytest.param(
+        group(model("a", priority=200, idle_parked=ago(minutes=1), active=ago(minutes=12)), model("b", priority=100)),
+        "b",
+        ElectionReason.FALLBACK,
+        id="idle-parked-model-not-re-elected-without-new-demand",
+    ),
+    pytest.param(
+        group(model("a", priority=200, idle_parked=ago(minutes=1), active=ago(seconds=2)), model("b", priority=100)),
+        "a",
+        ElectionReason.DEMAND,
+        id="idle-parked-model-re-elected-after-a-request",
+    ),
+    pytest.param(
+        group(model("a", priority=200, failed=ago(seconds=30), active=ago(minutes=1)), model("b", priority=100)),
+        "b",
+        ElectionReason.FALLBACK,
+        id="failed-model-left-out-until-asked-again",
+    ),
+    # Overrides
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(seconds=1)),
+            model("b", priority=1, force=True, preempted=ago(seconds=10)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.FORCE_PROMOTION,
+        id="forcePromotion-beats-cooldown-priority-and-busy-incumbent",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=ago(seconds=1)),
+            model("b", force=True),
+            lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=5)),
+            active="a",
+        ),
+        None,
+        ElectionReason.LEASE,
+        id="gpu-lease-beats-even-forcePromotion",
+    ),
+    pytest.param(
+        group(model("a", ready=True), lease=Lease("l", "gpu", "trainer", NOW), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="expired-lease-is-ignored-at-expiresAt",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
+    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
+
+
+def test_lease_detail_names_the_owner() -> None:
+    snapshot = group(model("a", ready=True), lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=1)))
+    assert choose_shared_group_leader(snapshot, NOW, PARAMS).detail == "gpu-lease/trainer"
+
+
+def test_idle_timeout_reports_the_expired_member() -> None:
+    snapshot = group(model("a", ready=True, ready_since=ago(minutes=6), idle_timeout=timedelta(minutes=5)), active="a")
+    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    assert election.leader is None
+    assert election.idle_expired == (ModelKey("default", "a"),)

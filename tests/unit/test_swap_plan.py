@@ -1,0 +1,121 @@
+"""The swap as a state machine: park the old model, wait until it reports parked, activate the new one."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase, SwapReason
+from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey
+from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+A, B = ModelKey("default", "a"), ModelKey("default", "b")
+RETRY = timedelta(seconds=10)
+
+
+def plan(snapshot: GroupSnapshot, now: datetime = NOW) -> GroupPlan:
+    return plan_group(snapshot, now, ElectionParams(), command_retry=RETRY, new_swap_id="s1")
+
+
+def apply(snapshot: GroupSnapshot, p: GroupPlan) -> GroupSnapshot:
+    """What the store does with a plan, in memory."""
+    members = []
+    for m in snapshot.members:
+        fields = {k: v for k, v in p.member_updates.get(m.key, {}).items() if hasattr(m, k)}
+        members.append(dataclasses.replace(m, **fields))
+    swap = None
+    for u in p.swap_updates:
+        if u.finished_at is None:
+            swap = u.swap
+    if swap is None and p.swap_id is not None and snapshot.swap is not None and snapshot.swap.id == p.swap_id:
+        swap = snapshot.swap
+    return dataclasses.replace(
+        snapshot, members=tuple(members), active=p.active, leader_since=p.leader_since, swap=swap
+    )
+
+
+def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase) -> GroupSnapshot:
+    members = tuple(
+        dataclasses.replace(m, runtime=phase.value, runtime_generation=m.command_generation) if m.key == key else m
+        for m in snapshot.members
+    )
+    return dataclasses.replace(snapshot, members=members)
+
+
+def serving_a_with_demand_for_b() -> GroupSnapshot:
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Ready",
+        ready_since=NOW - timedelta(minutes=10),
+        last_active_time=NOW - timedelta(minutes=3),
+    )
+    b = Member(B, priority=10, last_active_time=NOW - timedelta(seconds=1))
+    return GroupSnapshot("gpu", (a, b), active=A, leader_since=NOW - timedelta(minutes=10))
+
+
+def test_swap_parks_the_old_model_before_activating_the_new_one() -> None:
+    snapshot = serving_a_with_demand_for_b()
+    first = plan(snapshot)
+    assert first.active == B
+    assert [(c.key, c.action) for c in first.commands] == [(A, ScaleAction.PARK)]
+    assert first.statuses[B].phase == ModelPhase.LOADING and "waiting for a to park" in first.statuses[B].message
+    assert first.member_updates[A]["preempted_at"] == NOW and first.member_updates[A]["preempted_by"] == "b"
+    (created,) = first.swap_updates
+    assert created.created and created.swap.phase == SwapPhase.PARKING and created.swap.reason == SwapReason.DEMAND
+
+    snapshot = apply(snapshot, first)
+    still_stopping = plan(report(snapshot, A, RuntimePhase.STOPPING), NOW + timedelta(seconds=1))
+    assert still_stopping.commands == []  # B still waits: A has not reported parked
+
+    parked = report(snapshot, A, RuntimePhase.PARKED)
+    second = plan(parked, NOW + timedelta(seconds=2))
+    assert [(c.key, c.action) for c in second.commands] == [(B, ScaleAction.ACTIVATE)]
+    assert second.swap_updates[0].swap.phase == SwapPhase.LOADING
+
+    snapshot = report(apply(parked, second), B, RuntimePhase.READY)
+    third = plan(snapshot, NOW + timedelta(seconds=30))
+    (done,) = third.swap_updates
+    assert done.finished_at is not None and done.swap.phase == SwapPhase.READY
+    assert set(done.swap.phases) == {"draining", "parking", "loading"}
+    assert done.swap.phases["loading"] == 28.0
+    assert third.statuses[B].ready and third.statuses[B].state == SharedState.ACTIVE
+    assert third.statuses[A].phase == ModelPhase.PREEMPTED and third.statuses[A].preempted_by == "b"
+
+
+def test_lost_command_is_reissued_with_the_same_generation() -> None:
+    snapshot = apply(serving_a_with_demand_for_b(), plan(serving_a_with_demand_for_b()))
+    assert plan(snapshot, NOW + timedelta(seconds=5)).commands == []
+    again = plan(snapshot, NOW + RETRY)
+    assert [(c.key, c.action, c.generation, c.reissue) for c in again.commands] == [(A, ScaleAction.PARK, 2, True)]
+
+
+def test_stale_report_does_not_count_as_parked() -> None:
+    snapshot = apply(serving_a_with_demand_for_b(), plan(serving_a_with_demand_for_b()))
+    # a report for generation 1 (the old activate) says Parked: it answers an older command, so B must wait
+    members = tuple(dataclasses.replace(m, runtime="Parked") if m.key == A else m for m in snapshot.members)
+    assert plan(dataclasses.replace(snapshot, members=members), NOW + timedelta(seconds=1)).commands == []
+
+
+def test_failed_load_is_reported_and_the_model_left_out() -> None:
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Failed",
+        runtime_message="exit code 1: CUDA out of memory",
+        command_issued_at=NOW - timedelta(seconds=20),
+    )
+    b = Member(B, priority=5)
+    result = plan(GroupSnapshot("gpu", (a, b), active=A, leader_since=NOW - timedelta(seconds=20)))
+    assert result.member_updates[A]["failed_at"] == NOW
+    assert result.active == B
+    assert result.statuses[A].phase == ModelPhase.FAILED
+    assert result.statuses[A].failure == "exit code 1: CUDA out of memory"

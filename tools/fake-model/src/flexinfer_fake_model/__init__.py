@@ -1,0 +1,1 @@
+"""A fake OpenAI-compatible model server for FlexInfer demos and tests (see ``flexinfer_fake_model.server``)."""

@@ -34,9 +34,10 @@ def nats_url(servers: TestServers) -> str:
 async def reset_nats(url: str) -> None:
     """Delete every FlexInfer stream and bucket, so a test sees no messages or consumers of an earlier one."""
     import nats
+    from nats.js.errors import NotFoundError
+
     from flexinfer_common.bus import STREAMS
     from flexinfer_common.subjects import ROUTES_BUCKET
-    from nats.js.errors import NotFoundError
 
     nc = await nats.connect(url)
     try:

@@ -31,8 +31,9 @@ from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
 from sqlalchemy.engine import make_url
+
+from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
 
 __all__ = [
     "ENV_DATABASE_URL",

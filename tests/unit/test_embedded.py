@@ -15,8 +15,8 @@ from pathlib import Path
 import asyncpg
 import nats
 import pytest
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedServerError, free_port
 
+from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedServerError, free_port
 from tests.support.servers import (
     ENV_DATABASE_URL,
     ENV_NATS_URL,

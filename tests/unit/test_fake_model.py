@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+
 from flexinfer_fake_model.server import STATE_KEY, FakeModelConfig, build_app, parse_args, split_words
 
 MODEL = "test-model"

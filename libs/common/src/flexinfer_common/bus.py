@@ -122,6 +122,7 @@ class Consumer(Generic[M]):
         self.handler = handler
         self.deliver_new_only = deliver_new_only
         self._task: asyncio.Task[None] | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
 
     async def start(self) -> None:
         config = ConsumerConfig(
@@ -133,16 +134,21 @@ class Consumer(Generic[M]):
             max_deliver=20,
             max_ack_pending=10_000,
         )
-        sub = await self.bus.js.pull_subscribe(
+        self._sub = await self.bus.js.pull_subscribe(
             self.filter_subject, durable=self.durable, stream=self.stream, config=config
         )
-        self._task = asyncio.create_task(self._run(sub), name=f"consumer:{self.durable}")
+        self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.durable}")
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._sub is not None:
+            # A pending pull's late reply would otherwise sit unread and stall the connection's drain.
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
         while True:
@@ -305,8 +311,12 @@ class Bus:
             await consumer.stop()
         self._consumers.clear()
         if self._nc is not None and not self._nc.is_closed:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            # Bounded: with the server gone, a drain could wait out its whole timeout.
+            try:
+                await asyncio.wait_for(self._nc.drain(), timeout=3)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
         self._nc = None
         self._js = None
 

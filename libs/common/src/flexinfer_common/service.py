@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -127,8 +128,17 @@ def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                # A second signal: stop at once (child processes die with us through their parent-death signal).
+                log.warning("second signal: exiting now", extra={"signal": sig.name})
+                os._exit(128 + sig.value)
+            log.info("stopping gracefully", extra={"signal": sig.name})
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         await main(stop)
 
     try:

@@ -8,11 +8,11 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse
+
 from flexinfer_common.clock import Clock, rfc3339
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
-
 from flexinfer_scheduler.adapters.store import SOLO_PREFIX, Store
 from flexinfer_scheduler.domain.election import cooldown_remaining
 from flexinfer_scheduler.loop import Scheduler, model_status
@@ -86,6 +86,8 @@ def create_app(
                 detail=f"metadata names {model.namespace}/{model.name} but the path names {namespace}/{name}",
             )
         row, created = await store.put_model(model, clock.now())
+        if created:
+            await scheduler.announce(row)
         scheduler.kick()
         return JSONResponse(model_json(row), status_code=201 if created else 200)
 

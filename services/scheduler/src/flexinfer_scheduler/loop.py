@@ -17,6 +17,8 @@ from functools import partial
 from typing import Any
 
 import asyncpg
+from sqlalchemy.engine import make_url
+
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus, Delivery, decode_demand, decode_json
 from flexinfer_common.clock import Clock
@@ -38,8 +40,6 @@ from flexinfer_common.messages import (
     new_id,
 )
 from flexinfer_common.metrics import ELECTION_DURATION, GROUP_ACTIVE_MODEL, LEASE_READ_ERRORS, SWAP_DURATION, SWAPS
-from sqlalchemy.engine import make_url
-
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import ModelKey
@@ -388,6 +388,26 @@ class Scheduler:
                 await self._kv.delete(subjects.route_key(key.namespace, key.name))
             self._routes.pop(key, None)
             self._statuses.pop(key, None)
+
+    async def announce(self, row: ModelRow) -> None:
+        """A new model: tell the proxies at once that it exists (not ready yet), so a request sent right after
+        ``flexinfer apply`` queues instead of getting 404. Only for new models: an existing route is the
+        leader's to change."""
+        if self._kv is None:
+            self._kv = await self.bus.routes()
+        model = Model.model_validate(row.manifest)
+        route = Route(
+            namespace=row.namespace,
+            name=row.name,
+            group=None if (row.group_name or "").startswith("solo.") else row.group_name,
+            priority=row.priority,
+            service_labels=model.spec.service_labels,
+            updated_at=self.clock.now(),
+        )
+        try:
+            await self._kv.create(subjects.route_key(row.namespace, row.name), route.to_bytes())
+        except Exception as exc:
+            log.debug("route already announced", extra={"model": f"{row.namespace}/{row.name}", "error": repr(exc)})
 
     async def forget_route(self, namespace: str, name: str) -> None:
         """A model was deleted through the admin API: the proxy must stop knowing it at once."""

@@ -11,7 +11,6 @@ from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.logs import configure_logging, get_logger
 from flexinfer_common.service import HttpServer, run_until_signalled
 from flexinfer_common.settings import SettingsError, load_settings
-
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
 from flexinfer_scheduler.loop import Scheduler

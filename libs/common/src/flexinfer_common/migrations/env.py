@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
-from flexinfer_common.db import Base
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
+
+from flexinfer_common.db import Base
 
 target_metadata = Base.metadata
 

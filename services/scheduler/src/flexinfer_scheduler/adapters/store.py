@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
-from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
-from flexinfer_common.manifests import GPUGroup, Model
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
+from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
+from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
 

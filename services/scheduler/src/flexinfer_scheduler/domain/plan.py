@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase, SwapReason
-
 from flexinfer_scheduler.domain.election import (
     Election,
     ElectionParams,
@@ -150,7 +149,10 @@ def plan_group(
                 )
             )
         old = snapshot.member(active)
-        if old is not None and not old.parked and active not in election.idle_expired:
+        # A preemption takes the GPU from a model that served or was asked for; cancelling a fallback load that
+        # nobody asked for (as when manifests arrive one by one) starts no cooldown.
+        was_wanted = old is not None and (old.ready_since is not None or old.last_active_time is not None)
+        if old is not None and not old.parked and was_wanted and active not in election.idle_expired:
             update(old.key, preempted_at=now, preempted_by=lease_holder or (leader.name if leader else None))
         swap = Swap(
             id=new_swap_id,

@@ -1,0 +1,3 @@
+from flexinfer_cli.main import app
+
+app(prog_name="flexinfer")

@@ -1,0 +1,127 @@
+"""Where the CLI finds the services, and how it reads a MODEL argument.
+
+Every address resolves the same way: the command-line flag, else ``FLEXINFER_<SERVICE>_URL``, else
+``http://127.0.0.1:<FLEXINFER_<SERVICE>_PORT or the contract's default port>``. Nothing here does I/O beyond
+reading the environment it is given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class Service(StrEnum):
+    """The services the CLI talks to; the value is how messages name them."""
+
+    PROXY = "proxy"
+    SCHEDULER = "scheduler"
+    LEASE_MANAGER = "lease-manager"
+    ACTUATOR = "actuator"
+
+    @property
+    def env_prefix(self) -> str:
+        return "FLEXINFER_" + self.value.upper().replace("-", "_")
+
+    @property
+    def url_variable(self) -> str:
+        return self.env_prefix + "_URL"
+
+    @property
+    def port_variable(self) -> str:
+        return self.env_prefix + "_PORT"
+
+    @property
+    def default_port(self) -> int:
+        return DEFAULT_PORTS[self]
+
+    @property
+    def url_flag(self) -> str:
+        return f"--{self.value}-url"
+
+
+DEFAULT_PORTS: dict[Service, int] = {
+    Service.PROXY: 8080,
+    Service.SCHEDULER: 8081,
+    Service.LEASE_MANAGER: 8082,
+    Service.ACTUATOR: 8083,
+}
+
+
+class ConfigError(ValueError):
+    """An address or argument cannot be used; the message says which and why."""
+
+
+def service_port(service: Service, env: Mapping[str, str] | None = None) -> int:
+    """``FLEXINFER_<SERVICE>_PORT`` or the contract's default; a bad value names the variable."""
+    env = os.environ if env is None else env
+    raw = env.get(service.port_variable, "").strip()
+    if not raw:
+        return service.default_port
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ConfigError(f"{service.port_variable}: not a port number (got {raw!r})") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{service.port_variable}: must be between 0 and 65535 (got {port})")
+    return port
+
+
+def service_url(service: Service, flag: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The base URL of a service's HTTP API (no trailing slash)."""
+    env = os.environ if env is None else env
+    url = flag or env.get(service.url_variable, "").strip()
+    if not url:
+        url = f"http://127.0.0.1:{service_port(service, env)}"
+    if not url.startswith(("http://", "https://")):
+        source = service.url_flag if flag else service.url_variable
+        raise ConfigError(f"{source}: not an http(s) URL (got {url!r})")
+    return url.rstrip("/")
+
+
+def nats_url(flag: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return flag or env.get("FLEXINFER_NATS_URL", "").strip() or DEFAULT_NATS_URL
+
+
+def admin_token(env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    return env.get("FLEXINFER_ADMIN_TOKEN") or None
+
+
+def default_namespace(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("FLEXINFER_NAMESPACE", "").strip() or DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def parse_model_ref(value: str, *, default_namespace: str) -> ModelRef:
+    """``name`` or ``namespace/name``; either part must be a Kubernetes name (lowercase, digits, '-', '.')."""
+    text = value.strip()
+    namespace, slash, name = text.rpartition("/")
+    if not slash:
+        namespace = default_namespace
+    if not name or (slash and not namespace) or "/" in namespace:
+        raise ConfigError(f"{value!r} is not a model: expected NAME or NAMESPACE/NAME")
+    for part in (namespace, name):
+        if len(part) > 253 or not _NAME.match(part):
+            raise ConfigError(
+                f"{value!r} is not a model: {part!r} is not a valid name (lowercase letters, digits, '-' and '.')"
+            )
+    return ModelRef(namespace=namespace, name=name)

@@ -1,0 +1,77 @@
+"""``flexinfer demand``: signal demand for a model over NATS, exactly as an external producer would
+(CONTRACT section 3): a ``Demand`` message on ``flexinfer.demand.<namespace>.<model>``.
+
+It is published through JetStream so the answer says whether the scheduler's demand stream stored it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from flexinfer_cli.client import CliError
+from flexinfer_cli.config import ModelRef
+from flexinfer_common.messages import Demand, new_id
+from flexinfer_common.subjects import demand_subject
+
+
+class NatsUnreachable(CliError):
+    pass
+
+
+def demand_message(ref: ModelRef, *, queued: int, source: str, now: datetime) -> tuple[str, Demand]:
+    """The subject and message that signal demand for ``ref``. Pure."""
+    message = Demand(model=ref.name, namespace=ref.namespace, queued=queued, source=source, time=now)
+    return demand_subject(ref.namespace, ref.name), message
+
+
+async def publish_demand(url: str, ref: ModelRef, *, queued: int, source: str) -> str:
+    """Publish one Demand; return its subject. Raise a CliError saying what went wrong."""
+    import nats
+    from nats.errors import NoRespondersError, NoServersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import NoStreamResponseError
+
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # reported once, below, instead of logged per attempt
+        errors.append(exc)
+
+    subject, message = demand_message(ref, queued=queued, source=source, now=datetime.now(UTC))
+    try:
+        async with asyncio.timeout(10):
+            nc = await nats.connect(
+                servers=[part.strip() for part in url.split(",")],
+                name="flexinfer-cli",
+                connect_timeout=2,
+                allow_reconnect=False,
+                # nats-py reads 0 as "retry forever"; 1 means one retry, then give up
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                error_cb=remember,
+            )
+    except (OSError, NoServersError, NatsTimeoutError, TimeoutError) as exc:
+        cause = errors[-1] if errors else exc
+        if isinstance(cause, ConnectionRefusedError):
+            reason = "connection refused"
+        elif isinstance(cause, OSError) and cause.strerror:
+            reason = cause.strerror.lower()
+        else:
+            reason = str(cause) or type(cause).__name__
+        raise NatsUnreachable(
+            f"cannot reach NATS at {url} ({reason}). Is FlexInfer running? Start it with "
+            "`flexinfer up`, or point the CLI at its NATS with --nats-url / FLEXINFER_NATS_URL "
+            "(`flexinfer up` prints it)."
+        ) from None
+    try:
+        await nc.jetstream(timeout=5).publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": new_id()})
+    except (NoStreamResponseError, NoRespondersError):
+        raise CliError(
+            f"no JetStream stream stores {subject} on {url}: the scheduler creates it when it starts. "
+            "Is this the NATS of a running FlexInfer (`flexinfer up`)?"
+        ) from None
+    except (NatsTimeoutError, TimeoutError):
+        raise CliError(f"NATS at {url} did not acknowledge the demand message in time") from None
+    finally:
+        await nc.close()
+    return subject

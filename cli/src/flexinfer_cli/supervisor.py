@@ -1,0 +1,297 @@
+"""Keeps the services of ``flexinfer up`` running as child processes, and stops them in order.
+
+A service that exits while the supervisor is not stopping is restarted after a delay chosen by
+:func:`next_backoff` (0.5 s doubling to 30 s, back to 0.5 s once a run lasted 60 s); every restart is a
+structured log line. :meth:`Supervisor.stop` sends SIGTERM to one service at a time in the order given and
+waits for it (SIGKILL after ``stop_timeout``), so a service stopped later can still finish its own shutdown
+(the actuator, last, stops the model processes).
+
+Each child runs in its own session (``start_new_session``): a Ctrl-C in the terminal reaches only the
+supervisor, which then stops the children in order. On Linux each child also gets
+``PR_SET_PDEATHSIG=SIGTERM``, so it stops if the supervisor is killed outright. The kernel sends that signal
+when the *thread* that forked the child exits; children are forked from the event-loop thread, so run the
+supervisor on a loop whose thread lives as long as the process (``asyncio.run`` in the main thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+INITIAL_BACKOFF = 0.5
+MAX_BACKOFF = 30.0
+RESET_AFTER = 60.0
+STOP_TIMEOUT = 15.0
+
+_PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger("flexinfer.up.supervisor")
+
+
+def next_backoff(
+    previous: float,
+    uptime: float,
+    *,
+    initial: float = INITIAL_BACKOFF,
+    maximum: float = MAX_BACKOFF,
+    reset_after: float = RESET_AFTER,
+) -> float:
+    """How long to wait before restarting a service that just exited. Pure: no side effects.
+
+    ``previous`` is the delay waited before the run that just ended (0 when it was the first run);
+    ``uptime`` is how long that run lasted, in seconds. A run that lasted ``reset_after`` or longer counts as
+    healthy, so the delay starts over at ``initial``; otherwise it doubles, up to ``maximum``.
+    """
+    if previous <= 0 or uptime >= reset_after:
+        return min(initial, maximum)
+    return min(max(previous * 2, initial), maximum)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "did not start"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def parent_death_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` arming ``PR_SET_PDEATHSIG`` in the child (Linux; None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A process to keep running: ``name`` is how logs and :class:`Supervisor` methods refer to it."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None  # None: the supervisor's own environment
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A restart the supervisor scheduled (also logged)."""
+
+    service: str
+    returncode: int | None
+    uptime: float
+    delay: float
+
+
+@dataclass
+class _Child:
+    spec: ServiceSpec
+    process: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    starts: int = 0
+    exits: int = 0
+    last_returncode: int | None = None
+    backoff: float = 0.0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    """Start services, restart the ones that exit, stop them in order. One instance per run."""
+
+    def __init__(
+        self,
+        services: Sequence[ServiceSpec],
+        *,
+        initial_backoff: float = INITIAL_BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
+        reset_after: float = RESET_AFTER,
+        stop_timeout: float = STOP_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        names = [spec.name for spec in services]
+        if len(set(names)) != len(names):
+            raise ValueError(f"service names must be unique: {names}")
+        self._children = {spec.name: _Child(spec) for spec in services}
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.reset_after = reset_after
+        self.stop_timeout = stop_timeout
+        self._clock = clock
+        self._log = logger or log
+        self._stopping = asyncio.Event()
+        self._preexec = parent_death_preexec()
+        self.restarts: list[Restart] = []
+
+    # -- observing ------------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._children)
+
+    def pid(self, name: str) -> int | None:
+        """The service's pid while it runs."""
+        process = self._children[name].process
+        return process.pid if process is not None and process.returncode is None else None
+
+    def exits(self, name: str) -> int:
+        """How many times the service exited (or failed to start) while not being stopped."""
+        return self._children[name].exits
+
+    def last_exit(self, name: str) -> str:
+        return describe_exit(self._children[name].last_returncode)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # -- running --------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every service (in the order given) and watch each; returns once all are spawned."""
+        if self._stopping.is_set():
+            raise RuntimeError("a stopped Supervisor cannot start again")
+        for child in self._children.values():
+            await self._spawn(child)
+            child.task = asyncio.create_task(self._watch(child), name=f"supervise:{child.spec.name}")
+
+    async def _spawn(self, child: _Child) -> None:
+        spec = child.spec
+        child.process = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            stdin=subprocess.DEVNULL,
+            env=dict(spec.env) if spec.env is not None else None,
+            cwd=spec.cwd,
+            start_new_session=True,
+            preexec_fn=self._preexec,
+        )
+        child.started_at = self._clock()
+        child.starts += 1
+        self._log.info(
+            "started %s",
+            spec.name,
+            extra={"child": spec.name, "pid": child.process.pid, "start": child.starts},
+        )
+
+    async def _watch(self, child: _Child) -> None:
+        name = child.spec.name
+        while True:
+            returncode: int | None = None
+            if child.process is not None:
+                returncode = await child.process.wait()
+            if self._stopping.is_set():
+                return
+            uptime = self._clock() - child.started_at if child.process is not None else 0.0
+            child.exits += 1
+            child.last_returncode = returncode
+            delay = next_backoff(
+                child.backoff,
+                uptime,
+                initial=self.initial_backoff,
+                maximum=self.max_backoff,
+                reset_after=self.reset_after,
+            )
+            child.backoff = delay
+            self.restarts.append(Restart(service=name, returncode=returncode, uptime=uptime, delay=delay))
+            self._log.warning(
+                "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
+                name,
+                describe_exit(returncode),
+                uptime,
+                delay,
+                extra={
+                    "child": name,
+                    "exit_code": returncode,
+                    "uptime_seconds": round(uptime, 3),
+                    "restart_in_seconds": delay,
+                    "restarts": child.exits,
+                },
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            if self._stopping.is_set():
+                return
+            try:
+                await self._spawn(child)
+            except OSError as exc:
+                self._log.error("cannot start %s: %s", name, exc, extra={"child": name, "error": str(exc)})
+                child.process = None
+
+    async def stop(self, order: Sequence[str] | None = None) -> None:
+        """Stop restarting, then SIGTERM each service in ``order`` (default: reverse start order) and wait for
+        it up to ``stop_timeout`` before SIGKILL. Services missing from ``order`` are stopped last. Idempotent."""
+        self._stopping.set()
+        tasks = [child.task for child in self._children.values() if child.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        sequence = list(order) if order is not None else list(reversed(self._children))
+        sequence += [name for name in self._children if name not in sequence]
+        for name in sequence:
+            await self._stop_one(self._children[name])
+
+    async def _stop_one(self, child: _Child) -> None:
+        process, name = child.process, child.spec.name
+        if process is None:
+            return
+        if process.returncode is None:
+            self._log.info("stopping %s", name, extra={"child": name, "pid": process.pid})
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), self.stop_timeout)
+            except TimeoutError:
+                self._log.warning(
+                    "%s did not stop within %.0f s; killing it",
+                    name,
+                    self.stop_timeout,
+                    extra={"child": name, "pid": process.pid},
+                )
+                _kill_group(process.pid)
+                await process.wait()
+            self._log.info(
+                "%s stopped (%s)",
+                name,
+                describe_exit(process.returncode),
+                extra={"child": name, "exit_code": process.returncode},
+            )
+        # Whatever the service left behind in its process group goes too (model servers have their own).
+        _kill_group(process.pid)
+
+    def kill_all(self) -> None:
+        """SIGKILL every service's process group now (a second Ctrl-C). ``stop()`` still reaps them."""
+        self._stopping.set()
+        for child in self._children.values():
+            if child.process is not None and child.process.returncode is None:
+                self._log.warning("killing %s", child.spec.name, extra={"child": child.spec.name})
+                _kill_group(child.process.pid)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (each service is a session leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

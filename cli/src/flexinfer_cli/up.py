@@ -1,0 +1,392 @@
+"""``flexinfer up``: the whole system on one machine.
+
+Order of events: parse FILE (a bad manifest stops here, before anything starts) -> check settings and ports ->
+NATS (``FLEXINFER_NATS_URL``, else an embedded server) -> Postgres (``FLEXINFER_DATABASE_URL``, else an embedded
+server with a ``flexinfer`` database) -> migrations -> the four services under a :class:`Supervisor` -> wait for
+each ``/readyz`` (scheduler, actuator, lease-manager, proxy) -> apply FILE through the admin APIs (the code path
+of ``flexinfer apply``) -> banner -> supervise until SIGINT/SIGTERM -> stop the services (proxy, lease-manager,
+scheduler, actuator), then the embedded Postgres and NATS. A second signal kills everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from flexinfer_cli.apply import ApiCall, PlanStep, execute_plan, plan_apply, read_manifests
+from flexinfer_cli.client import AdminClient, CliError
+from flexinfer_cli.config import DEFAULT_NATS_URL, Service, default_namespace, service_port
+from flexinfer_cli.supervisor import STOP_TIMEOUT, ServiceSpec, Supervisor
+from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from flexinfer_common.manifests import Resource
+from flexinfer_common.settings import ENV_PREFIX, CommonSettings, SettingsError, load_settings
+
+log = logging.getLogger("flexinfer.up")
+
+DATABASE_NAME = "flexinfer"
+NATS_PREFERRED_PORT = 4222  # the port `flexinfer demand` (and any NATS client) tries by default
+READY_ORDER: tuple[Service, ...] = (Service.SCHEDULER, Service.ACTUATOR, Service.LEASE_MANAGER, Service.PROXY)
+STOP_ORDER: tuple[Service, ...] = (Service.PROXY, Service.LEASE_MANAGER, Service.SCHEDULER, Service.ACTUATOR)
+MODULES: dict[Service, str] = {
+    Service.SCHEDULER: "flexinfer_scheduler",
+    Service.ACTUATOR: "flexinfer_actuator",
+    Service.LEASE_MANAGER: "flexinfer_lease_manager",
+    Service.PROXY: "flexinfer_proxy",
+}
+# `up` gives every service these (an empty value means "start an embedded server").
+REPLACED_SETTINGS = frozenset({"FLEXINFER_NATS_URL", "FLEXINFER_DATABASE_URL"})
+# A service that exits this many times before it is ready is failing to start, not flaking: give up.
+MAX_START_FAILURES = 3
+
+
+class UpError(CliError):
+    """``flexinfer up`` cannot go on; the message says why (everything started is stopped)."""
+
+
+class SettingsProblem(CliError):
+    exit_code = 2
+
+
+@dataclass
+class UpOptions:
+    files: Sequence[str | Path] = ()
+    state_dir: Path = Path(".flexinfer")
+    ready_timeout: float = 60.0
+    stop_timeout: float = STOP_TIMEOUT
+    # (service, argv) to run; default: ``sys.executable -m <module>`` for each service (tests swap in fakes).
+    commands: Mapping[Service, Sequence[str]] | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    out: TextIO | None = None  # where the banner goes (stdout)
+
+
+def _connect_host(bind_host: str) -> str:
+    """Where to reach a service bound to ``bind_host`` from this machine."""
+    if bind_host in ("", "0.0.0.0", "::", "*"):
+        return "127.0.0.1"
+    try:
+        if ipaddress.ip_address(bind_host).version == 6:
+            return f"[{bind_host}]"
+    except ValueError:
+        pass
+    return bind_host
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def resolve_ports(env: Mapping[str, str], bind_host: str) -> dict[Service, int]:
+    """Each service's port (``FLEXINFER_<SERVICE>_PORT``, default from the contract; 0 picks a free one),
+    refusing a port that is already taken so two ``up`` runs do not fight over it."""
+    ports: dict[Service, int] = {}
+    for service in READY_ORDER:
+        try:
+            port = service_port(service, env)
+        except ValueError as exc:
+            raise SettingsProblem(str(exc)) from None
+        if port == 0:
+            port = free_port()
+        elif not _port_is_free(bind_host or "0.0.0.0", port):
+            raise UpError(
+                f"port {port} for the {service.value} is already in use ({service.port_variable}); "
+                "is another `flexinfer up` running? Stop it, or choose other ports with FLEXINFER_*_PORT."
+            )
+        ports[service] = port
+    return ports
+
+
+def service_env(
+    base: Mapping[str, str], *, nats_url: str, database_url: str, state_dir: Path, ports: Mapping[Service, int]
+) -> dict[str, str]:
+    """The environment every service gets: ours, plus where NATS and Postgres are, local mode, and its port."""
+    env = dict(base)
+    env["FLEXINFER_NATS_URL"] = nats_url
+    env["FLEXINFER_DATABASE_URL"] = database_url
+    env["FLEXINFER_ACTUATOR"] = "local"
+    env["FLEXINFER_STATE_DIR"] = str(state_dir.absolute())
+    env.setdefault("FLEXINFER_BIND_HOST", "127.0.0.1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for service, port in ports.items():
+        env[service.port_variable] = str(port)
+    return env
+
+
+def check_settings(env: Mapping[str, str]) -> CommonSettings:
+    """The common settings as ``env`` gives them (every field passed explicitly, so only ``env`` counts)."""
+    values: dict[str, object] = {}
+    for name, info in CommonSettings.model_fields.items():
+        variable = ENV_PREFIX + name.upper()
+        value = env.get(variable)
+        if value is None or (variable in REPLACED_SETTINGS and not value.strip()):
+            values[name] = info.get_default(call_default_factory=True)
+        else:
+            values[name] = value
+    try:
+        return load_settings(CommonSettings, **values)
+    except SettingsError as exc:
+        raise SettingsProblem(str(exc)) from None
+
+
+class _Signals:
+    """First SIGINT/SIGTERM: stop in order. Second: kill at once."""
+
+    def __init__(self, on_force: Callable[[], None]) -> None:
+        self.stop = asyncio.Event()
+        self.count = 0
+        self._on_force = on_force
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._handle, sig)
+
+    def uninstall(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+    def _handle(self, sig: int) -> None:
+        self.count += 1
+        name = signal.Signals(sig).name
+        if self.count == 1:
+            log.info("%s received: stopping (again to kill at once)", name, extra={"signal": name})
+            self.stop.set()
+        else:
+            log.warning("%s received again: killing everything now", name, extra={"signal": name})
+            self._on_force()
+
+
+class _Interrupted(Exception):
+    """A stop was requested while starting up."""
+
+
+class Up:
+    def __init__(self, options: UpOptions) -> None:
+        self.options = options
+        self.env = dict(options.env)
+        self.state_dir = Path(options.state_dir).absolute()
+        self.nats: EmbeddedNats | None = None
+        self.postgres: EmbeddedPostgres | None = None
+        self.supervisor: Supervisor | None = None
+        self.signals = _Signals(self._kill_everything)
+        self.out = options.out or sys.stdout
+
+    # -- the whole run ----------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until signalled; return the exit code (0 after a requested stop). Raises CliError on failure."""
+        resources = read_manifests(self.options.files)  # ManifestFileError (exit 2) before anything starts
+        namespace = default_namespace(self.env)
+        plan = plan_apply(resources, default_namespace=namespace)
+        settings = self._check_settings()
+        bind_host = self.env.get("FLEXINFER_BIND_HOST") or "127.0.0.1"
+        ports = resolve_ports(self.env, bind_host)
+        urls = {service: f"http://{_connect_host(bind_host)}:{port}" for service, port in ports.items()}
+        self.signals.install()
+        try:
+            nats_url, database_url = await self._start_infrastructure()
+            self._interrupted()
+            self.supervisor = self._supervisor(nats_url, database_url, ports)
+            await self.supervisor.start()
+            await self._wait_ready(urls)
+            await self._apply(plan, urls, settings.admin_token_value())
+            self._banner(urls, nats_url, resources)
+            await self.signals.stop.wait()
+            return 0
+        except _Interrupted:
+            return 0
+        finally:
+            await self._stop_everything()
+            self.signals.uninstall()
+
+    def _check_settings(self) -> CommonSettings:
+        """Refuse a bad FLEXINFER_* value before starting anything (the message names the variable)."""
+        return check_settings(self.env)
+
+    def _interrupted(self) -> None:
+        if self.signals.stop.is_set():
+            raise _Interrupted
+
+    # -- NATS and Postgres ------------------------------------------------------------------------------
+
+    async def _start_infrastructure(self) -> tuple[str, str]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        nats_url = self.env.get("FLEXINFER_NATS_URL", "").strip()
+        if nats_url:
+            log.info("using NATS at %s (FLEXINFER_NATS_URL)", nats_url, extra={"nats_url": nats_url})
+        else:
+            preferred = NATS_PREFERRED_PORT if _port_is_free("127.0.0.1", NATS_PREFERRED_PORT) else None
+            self.nats = EmbeddedNats(self.state_dir / "nats", port=preferred)
+            log.info("starting embedded NATS", extra={"data_dir": str(self.nats.data_dir)})
+            try:
+                nats_url = await asyncio.to_thread(self.nats.start)
+            except Exception as exc:
+                raise UpError(f"cannot start the embedded NATS server: {exc}") from None
+            log.info("embedded NATS ready at %s", nats_url, extra={"nats_url": nats_url})
+        self._interrupted()
+
+        database_url = self.env.get("FLEXINFER_DATABASE_URL", "").strip()
+        if database_url:
+            log.info("using the database of FLEXINFER_DATABASE_URL")
+        else:
+            self.postgres = EmbeddedPostgres(self.state_dir / "postgres")
+            log.info("starting embedded PostgreSQL", extra={"data_dir": str(self.postgres.data_dir)})
+            try:
+                await asyncio.to_thread(self.postgres.start)
+            except Exception as exc:
+                raise UpError(f"cannot start the embedded PostgreSQL server: {exc}") from None
+            self._interrupted()
+            database_url = self.postgres.url_for(DATABASE_NAME)
+            from flexinfer_common.db import ensure_database_exists
+
+            try:
+                await ensure_database_exists(database_url)
+            except Exception as exc:
+                raise UpError(f"cannot create the {DATABASE_NAME!r} database: {exc}") from None
+            log.info("embedded PostgreSQL ready", extra={"port": self.postgres.port, "database": DATABASE_NAME})
+        self._interrupted()
+
+        from flexinfer_common.db import upgrade_database
+
+        log.info("applying database migrations")
+        try:
+            await upgrade_database(database_url)
+        except Exception as exc:
+            raise UpError(f"database migrations failed: {exc}") from None
+        return nats_url, database_url
+
+    # -- services -------------------------------------------------------------------------------------
+
+    def _supervisor(self, nats_url: str, database_url: str, ports: Mapping[Service, int]) -> Supervisor:
+        env = service_env(self.env, nats_url=nats_url, database_url=database_url, state_dir=self.state_dir, ports=ports)
+        commands = self.options.commands or {
+            service: (sys.executable, "-m", module) for service, module in MODULES.items()
+        }
+        specs = [ServiceSpec(name=service.value, argv=tuple(commands[service]), env=env) for service in READY_ORDER]
+        return Supervisor(specs, stop_timeout=self.options.stop_timeout, logger=logging.getLogger("flexinfer.up"))
+
+    async def _wait_ready(self, urls: Mapping[Service, str]) -> None:
+        assert self.supervisor is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.ready_timeout
+        for service in READY_ORDER:
+            async with AdminClient(service, urls[service]) as client:
+                while not await client.ready():
+                    self._interrupted()
+                    failures = self.supervisor.exits(service.value)
+                    if failures >= MAX_START_FAILURES:
+                        raise UpError(
+                            f"the {service.value} exited {failures} times while starting "
+                            f"(last: {self.supervisor.last_exit(service.value)}); see its log lines above"
+                        )
+                    if loop.time() > deadline:
+                        raise UpError(
+                            f"the {service.value} did not become ready within {self.options.ready_timeout:.0f} s "
+                            f"(GET {urls[service]}/readyz); see its log lines above"
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.signals.stop.wait(), 0.2)
+            log.info("%s ready", service.value, extra={"child": service.value, "url": urls[service]})
+        self._interrupted()
+
+    async def _apply(self, plan: Sequence[PlanStep], urls: Mapping[Service, str], token: str | None) -> None:
+        if not plan:
+            return
+        needed = {step.service for step in plan if isinstance(step, ApiCall)}
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {
+                service: await stack.enter_async_context(AdminClient(service, urls[service], token=token))
+                for service in needed
+            }
+            try:
+                await execute_plan(
+                    plan,
+                    clients,
+                    echo=lambda line: log.info("applied %s", line, extra={"resource": line}),
+                    warn=lambda line: log.warning(line),
+                )
+            except CliError as exc:
+                raise UpError(f"applying {', '.join(map(str, self.options.files))} failed: {exc}") from None
+
+    # -- stopping -------------------------------------------------------------------------------------
+
+    async def _stop_everything(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop([service.value for service in STOP_ORDER])
+        for server in (self.postgres, self.nats):
+            if server is not None:
+                try:
+                    await asyncio.to_thread(server.stop)
+                except Exception as exc:
+                    log.error("cannot stop embedded %s: %s", type(server).__name__, exc)
+        if self.postgres is not None or self.nats is not None:
+            log.info("embedded servers stopped")
+
+    def _kill_everything(self) -> None:
+        self.signals.stop.set()
+        if self.supervisor is not None:
+            self.supervisor.kill_all()
+        for server in (self.postgres, self.nats):
+            pid = server.pid if server is not None else None
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    # -- banner ---------------------------------------------------------------------------------------
+
+    def _banner(self, urls: Mapping[Service, str], nats_url: str, resources: Sequence[Resource]) -> None:
+        proxy, scheduler = urls[Service.PROXY], urls[Service.SCHEDULER]
+        lines = [
+            "",
+            "FlexInfer is up.",
+            f"  OpenAI-compatible proxy   {proxy}/v1",
+            f"  scheduler admin API       {scheduler}/api/v1   (OpenAPI: {scheduler}/docs)",
+            f"  lease manager API         {urls[Service.LEASE_MANAGER]}/api/v1",
+            f"  NATS                      {nats_url}" + ("   (embedded)" if self.nats else ""),
+            "  Postgres                  "
+            + (f"embedded, data in {self.postgres.data_dir}" if self.postgres else "FLEXINFER_DATABASE_URL"),
+        ]
+        models = [r for r in resources if r.kind == "Model"]
+        if models:
+            lines.append(f"  models                    {', '.join(r.metadata.name for r in models)}")
+        exports = []
+        for service in (Service.SCHEDULER, Service.PROXY, Service.LEASE_MANAGER):
+            if urls[service] != f"http://127.0.0.1:{service.default_port}":
+                exports.append(f"export {service.url_variable}={urls[service]}")
+        if nats_url != DEFAULT_NATS_URL:
+            exports.append(f"export FLEXINFER_NATS_URL={nats_url}")
+        lines.append("")
+        if exports:
+            lines.append("In another terminal, first:")
+            lines += [f"  {line}" for line in exports]
+        lines.append("Watch the models:   flexinfer get models      (also: groups, swaps, queues, leases)")
+        if models:
+            first = models[0].metadata.name
+            lines.append(
+                f"Send a request:     curl -s {proxy}/v1/chat/completions -H 'Content-Type: application/json' "
+                f"""-d '{{"model": "{first}", "messages": [{{"role": "user", "content": "hi"}}]}}'"""
+            )
+        lines.append("Stop:               Ctrl-C")
+        lines.append("")
+        print("\n".join(lines), file=self.out, flush=True)
+
+
+async def run_up(options: UpOptions) -> int:
+    return await Up(options).run()

@@ -1,0 +1,3 @@
+from flexinfer_actuator.main import run
+
+run()

@@ -1,0 +1,492 @@
+"""The ``local`` back-end: one OS process per model on this machine.
+
+Activate starts ``spec.command`` (``{port}`` substituted) in its own session, with its output appended to
+``<state_dir>/logs/<namespace>_<model>.log``, reports ``Loading``, and probes the readiness URL until it answers 2xx
+(``Ready``), the process exits or the load timeout passes (``Failed``). Park stops the process group (SIGTERM,
+grace period, SIGKILL) and reports ``Parked`` once the process is reaped, or, with the ``Sleep`` strategy, puts the
+server to sleep and keeps it. Every model process gets ``PR_SET_PDEATHSIG(SIGKILL)``, so none outlives the
+actuator, even a SIGKILLed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+
+from flexinfer_actuator.domain.commands import (
+    MISSING_COMMAND_MESSAGE,
+    ActivatePlan,
+    ParkPlan,
+    exit_failure_message,
+    load_timeout_message,
+    local_endpoint,
+    log_file_name,
+    plan_activation,
+    plan_park,
+    process_environment,
+    readiness_url,
+    render_command,
+    tail_lines,
+)
+from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
+from flexinfer_actuator.ports import StatusSink
+from flexinfer_actuator.settings import ActuatorSettings
+from flexinfer_common.clock import Clock, SystemClock
+from flexinfer_common.enums import RuntimePhase
+from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import RuntimeSpec
+
+log = get_logger("flexinfer.actuator.local")
+
+LOG_TAIL_LINES = 5
+_LOG_TAIL_BYTES = 16_384
+_PROBE_TIMEOUT_SECONDS = 2.0
+_PR_SET_PDEATHSIG = 1
+
+ModelKey = tuple[str, str]
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has prctl
+        return None
+    return prctl
+
+
+# Resolved once in the parent: the pre-exec hook runs between fork and exec, where only async-signal-safe work
+# belongs (no imports, no library loading).
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A pre-exec hook: the child gets SIGKILL when the actuator dies, however it dies."""
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the actuator died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the model binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class _Runtime:
+    """One model process and what we know about it."""
+
+    spec: RuntimeSpec
+    generation: int
+    process: asyncio.subprocess.Process
+    port: int
+    log_path: Path
+    log_offset: int
+    started_at: datetime
+    phase: ProcessPhase = ProcessPhase.LOADING
+    returncode: int | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    watcher: asyncio.Task[None] | None = None
+    prober: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> ModelKey:
+        return (self.spec.namespace, self.spec.name)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def endpoint(self) -> str:
+        return local_endpoint(self.port)
+
+    @property
+    def where(self) -> dict[str, object]:
+        """Log fields naming this process."""
+        return {
+            "namespace": self.spec.namespace,
+            "model": self.spec.name,
+            "pid": self.pid,
+            "port": self.port,
+            "generation": self.generation,
+        }
+
+
+class LocalProcessScaler:
+    """The :class:`~flexinfer_actuator.ports.Scaler` that runs each model as a process on this machine."""
+
+    backend = "local"
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        on_status: StatusSink,
+        readiness_probe_interval: timedelta,
+        park_grace_period: timedelta,
+        load_timeout: timedelta,
+        clock: Clock | None = None,
+    ) -> None:
+        self.logs_dir = Path(state_dir).absolute() / "logs"
+        self._on_status = on_status
+        self._probe_interval = readiness_probe_interval.total_seconds()
+        self._grace = park_grace_period.total_seconds()
+        self._load_timeout = load_timeout.total_seconds()
+        self._clock = clock or SystemClock()
+        self._runtimes: dict[ModelKey, _Runtime] = {}
+        self._report_locks: dict[ModelKey, asyncio.Lock] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._http: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_settings(cls, settings: ActuatorSettings, *, on_status: StatusSink) -> LocalProcessScaler:
+        return cls(
+            state_dir=settings.state_dir,
+            on_status=on_status,
+            readiness_probe_interval=settings.readiness_probe_interval,
+            park_grace_period=settings.park_grace_period,
+            load_timeout=settings.load_timeout,
+        )
+
+    # ------------------------------------------------------------------ the Scaler protocol
+
+    async def activate(self, spec: RuntimeSpec, *, generation: int) -> None:
+        runtime = self._runtimes.get((spec.namespace, spec.name))
+        plan = plan_activation(runtime.phase if runtime else None, has_command=bool(spec.command))
+        log.info(
+            "activate",
+            extra={"namespace": spec.namespace, "model": spec.name, "generation": generation, "plan": plan.value},
+        )
+        if plan is ActivatePlan.REFUSE_NO_COMMAND:
+            log.warning("cannot start: no command", extra={"namespace": spec.namespace, "model": spec.name})
+            await self._report(
+                Observation(spec.namespace, spec.name, RuntimePhase.FAILED, generation, message=MISSING_COMMAND_MESSAGE)
+            )
+            return
+        if plan is ActivatePlan.START:
+            if runtime is not None:  # a process still being stopped (a load that timed out): let it go first
+                await self._cancel_prober(runtime)
+                await self._stop(runtime)
+            await self._start(spec, generation)
+            return
+        assert runtime is not None
+        runtime.generation = generation
+        if plan is ActivatePlan.KEEP_LOADING:
+            await self._emit(runtime, RuntimePhase.LOADING)
+        elif plan is ActivatePlan.REPORT_READY:
+            await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint)
+        else:
+            await self._wake(runtime, spec)
+
+    async def park(self, spec: RuntimeSpec, *, generation: int) -> None:
+        runtime = self._runtimes.get((spec.namespace, spec.name))
+        plan = plan_park(runtime.phase if runtime else None, spec.park_strategy)
+        log.info(
+            "park",
+            extra={"namespace": spec.namespace, "model": spec.name, "generation": generation, "plan": plan.value},
+        )
+        if plan is ParkPlan.REPORT_PARKED:
+            if runtime is None:
+                await self._report(Observation(spec.namespace, spec.name, RuntimePhase.PARKED, generation))
+            else:  # asleep
+                runtime.generation = generation
+                await self._emit(runtime, RuntimePhase.PARKED, message="sleeping")
+            return
+        assert runtime is not None
+        runtime.phase = ProcessPhase.STOPPING  # from now on an exit is expected, and a probe cannot turn it Ready
+        runtime.generation = generation
+        await self._cancel_prober(runtime)
+        await self._emit(runtime, RuntimePhase.STOPPING)
+        if plan is ParkPlan.SLEEP:
+            if await self._post(runtime, "/sleep?level=1") and not runtime.exited.is_set():
+                runtime.phase = ProcessPhase.SLEEPING
+                log.info("model sleeps", extra=runtime.where)
+                await self._emit(runtime, RuntimePhase.PARKED, message="sleeping")
+                return
+            log.warning("sleep failed; stopping the process instead", extra=runtime.where)
+        await self._stop(runtime)
+        await self._emit(runtime, RuntimePhase.PARKED, with_pid=False)
+
+    def snapshot(self) -> list[ProcessInfo]:
+        return [
+            ProcessInfo(
+                namespace=r.spec.namespace,
+                name=r.spec.name,
+                pid=r.pid,
+                port=r.port,
+                phase=r.phase,
+                generation=r.generation,
+                started_at=r.started_at,
+                endpoint=r.endpoint,
+            )
+            for r in self._runtimes.values()
+            if not r.exited.is_set()
+        ]
+
+    async def close(self) -> None:
+        """Stop every model process (SIGTERM, grace, SIGKILL) and report each Parked."""
+        runtimes = list(self._runtimes.values())
+        for runtime in runtimes:
+            runtime.phase = ProcessPhase.STOPPING
+            await self._cancel_prober(runtime)
+        results = await asyncio.gather(*(self._shut_down(r) for r in runtimes), return_exceptions=True)
+        for runtime, result in zip(runtimes, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not stop a model process", extra={**runtime.where, "error": repr(result)})
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        if self._watchers:
+            await asyncio.gather(*self._watchers, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------ starting and stopping
+
+    async def _start(self, spec: RuntimeSpec, generation: int) -> None:
+        port = spec.port or free_loopback_port()
+        argv = render_command(spec.command, port)
+        log_path = self.logs_dir / log_file_name(spec.namespace, spec.name)
+        started_at = self._clock.now()
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("ab") as log_file:
+                header = f"--- {started_at.isoformat()} generation {generation}, port {port}: {shlex.join(argv)}\n"
+                log_file.write(header.encode())
+                log_file.flush()
+                offset = log_file.tell()  # this run's output starts here (failure messages quote only it)
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=process_environment(_base_environment(), spec, port),
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent(os.getpid()),
+                )
+        except OSError as exc:
+            log.warning(
+                "cannot start model process",
+                extra={"namespace": spec.namespace, "model": spec.name, "argv": argv, "error": str(exc)},
+            )
+            message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            await self._report(Observation(spec.namespace, spec.name, RuntimePhase.FAILED, generation, message=message))
+            return
+        runtime = _Runtime(
+            spec=spec,
+            generation=generation,
+            process=process,
+            port=port,
+            log_path=log_path,
+            log_offset=offset,
+            started_at=started_at,
+        )
+        self._runtimes[runtime.key] = runtime
+        # The watcher exists from the first moment, so the exit of a process is always noticed; it reports only
+        # after the Loading below, because reports for a model are serialized in call order.
+        runtime.watcher = self._spawn_watcher(runtime)
+        log.info("started model process", extra={**runtime.where, "argv": argv, "log": str(log_path)})
+        await self._emit(runtime, RuntimePhase.LOADING)
+        if not runtime.exited.is_set():
+            runtime.prober = asyncio.create_task(self._probe_until_ready(runtime), name=f"probe:{runtime.key}")
+
+    async def _stop(self, runtime: _Runtime) -> None:
+        """SIGTERM the process group, wait the grace period, SIGKILL; return once the process is reaped."""
+        runtime.phase = ProcessPhase.STOPPING
+        if not runtime.exited.is_set():
+            self._signal_group(runtime, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(runtime.exited.wait(), self._grace)
+            except TimeoutError:
+                log.warning("process ignored SIGTERM for the grace period; killing it", extra=runtime.where)
+                self._signal_group(runtime, signal.SIGKILL)
+                await runtime.exited.wait()
+        log.info("model process stopped", extra={**runtime.where, "returncode": runtime.returncode})
+
+    async def _shut_down(self, runtime: _Runtime) -> None:
+        await self._stop(runtime)
+        await self._emit(runtime, RuntimePhase.PARKED, with_pid=False, message="actuator stopped")
+
+    def _signal_group(self, runtime: _Runtime, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(runtime.pid, sig)
+
+    def _spawn_watcher(self, runtime: _Runtime) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._watch(runtime), name=f"watch:{runtime.key}")
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        return task
+
+    async def _watch(self, runtime: _Runtime) -> None:
+        """Wait for the process to exit; an exit nobody asked for is a failure."""
+        runtime.returncode = await runtime.process.wait()
+        # Whatever the model started in its session (vLLM workers, a shell's children) goes with it. Right after the
+        # reap, so the group id cannot have been reused by an unrelated process.
+        self._signal_group(runtime, signal.SIGKILL)
+        runtime.exited.set()
+        if self._runtimes.get(runtime.key) is runtime:
+            del self._runtimes[runtime.key]
+        phase = runtime.phase
+        if phase is ProcessPhase.STOPPING:  # whoever stops it reports
+            return
+        if runtime.prober is not None:
+            runtime.prober.cancel()
+        if phase is ProcessPhase.SLEEPING:  # parked already; the next activate starts it afresh
+            log.warning("sleeping model process exited", extra={**runtime.where, "returncode": runtime.returncode})
+            return
+        message = exit_failure_message(
+            runtime.returncode, was_ready=phase is ProcessPhase.READY, log_tail=self._log_tail(runtime)
+        )
+        log.warning("model process exited unexpectedly", extra={**runtime.where, "reason": message})
+        await self._emit(runtime, RuntimePhase.FAILED, message=message)
+
+    # ------------------------------------------------------------------ readiness, sleep and wake
+
+    async def _probe_until_ready(self, runtime: _Runtime) -> None:
+        url = readiness_url(runtime.port, runtime.spec.readiness_path)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._load_timeout
+        while not await self._probe(url):
+            if runtime.exited.is_set():
+                return
+            if loop.time() >= deadline:
+                log.warning("model not ready within the load timeout; stopping it", extra=runtime.where)
+                await self._stop(runtime)
+                message = load_timeout_message(self._load_timeout, self._log_tail(runtime))
+                await self._emit(runtime, RuntimePhase.FAILED, message=message)
+                return
+            await asyncio.sleep(self._probe_interval)
+        if runtime.exited.is_set() or runtime.phase is not ProcessPhase.LOADING:
+            return
+        runtime.phase = ProcessPhase.READY
+        log.info("model ready", extra={**runtime.where, "endpoint": runtime.endpoint})
+        await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint)
+
+    async def _wake(self, runtime: _Runtime, spec: RuntimeSpec) -> None:
+        """Wake a sleeping server and probe it again; start afresh when it cannot be woken."""
+        # It stays Sleeping while the wake request runs, so an exit meanwhile is not reported as a failure.
+        await self._emit(runtime, RuntimePhase.LOADING)
+        if await self._post(runtime, "/wake_up") and not runtime.exited.is_set():
+            runtime.phase = ProcessPhase.LOADING
+            runtime.prober = asyncio.create_task(self._probe_until_ready(runtime), name=f"probe:{runtime.key}")
+            return
+        log.warning("wake_up failed; starting the model afresh", extra=runtime.where)
+        await self._stop(runtime)
+        if not spec.command:
+            await self._report(
+                Observation(
+                    spec.namespace, spec.name, RuntimePhase.FAILED, runtime.generation, message=MISSING_COMMAND_MESSAGE
+                )
+            )
+            return
+        await self._start(spec, runtime.generation)
+
+    async def _probe(self, url: str) -> bool:
+        try:
+            async with self._session().get(
+                url, timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_SECONDS)
+            ) as response:
+                return 200 <= response.status < 300
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _post(self, runtime: _Runtime, path: str) -> bool:
+        """POST to the model's server (sleep, wake_up); True on 2xx. Weights move, so allow the load timeout."""
+        url = runtime.endpoint + path
+        try:
+            async with self._session().post(url, timeout=aiohttp.ClientTimeout(total=self._load_timeout)) as response:
+                if 200 <= response.status < 300:
+                    return True
+                body = (await response.text())[:200]
+                log.warning(
+                    "request refused", extra={**runtime.where, "url": url, "status": response.status, "body": body}
+                )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("request failed", extra={**runtime.where, "url": url, "error": repr(exc)})
+        return False
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            # No keep-alive: a model's port may be served by a new process after a restart.
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        return self._http
+
+    # ------------------------------------------------------------------ reporting
+
+    async def _emit(
+        self,
+        runtime: _Runtime,
+        phase: RuntimePhase,
+        *,
+        endpoint: str | None = None,
+        message: str = "",
+        with_pid: bool = True,
+    ) -> None:
+        """Report ``phase`` for this process, stamped with the generation it answers now."""
+        await self._report(
+            Observation(
+                namespace=runtime.spec.namespace,
+                name=runtime.spec.name,
+                phase=phase,
+                generation=runtime.generation,
+                endpoint=endpoint,
+                message=message,
+                pid=runtime.pid if with_pid else None,
+            )
+        )
+
+    async def _report(self, observation: Observation) -> None:
+        # One lock per model keeps its reports in call order (asyncio locks are FIFO) across the tasks that make them.
+        lock = self._report_locks.setdefault((observation.namespace, observation.name), asyncio.Lock())
+        async with lock:
+            await self._on_status(observation)
+
+    async def _cancel_prober(self, runtime: _Runtime) -> None:
+        prober, runtime.prober = runtime.prober, None
+        if prober is not None and prober is not asyncio.current_task():
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
+
+    def _log_tail(self, runtime: _Runtime) -> list[str]:
+        """The last lines this run of the process wrote to its log."""
+        try:
+            with runtime.log_path.open("rb") as log_file:
+                size = log_file.seek(0, os.SEEK_END)
+                log_file.seek(max(runtime.log_offset, size - _LOG_TAIL_BYTES))
+                text = log_file.read().decode("utf-8", errors="replace")
+        except OSError:
+            return []
+        return tail_lines(text, LOG_TAIL_LINES)
+
+
+def _base_environment() -> dict[str, str]:
+    """Our environment, with this Python's bin folder first on PATH: a bare ``flexinfer-fake-model`` or ``python``
+    in ``spec.local.command`` means the one installed beside FlexInfer (the venv need not be activated)."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)
+    return env

@@ -1,0 +1,65 @@
+"""The actuator's HTTP surface: ops endpoints and the process table (``GET /api/v1/processes``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from flexinfer_actuator import __version__
+from flexinfer_actuator.domain.processes import ProcessInfo, ProcessPhase
+from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
+
+
+class ProcessItem(BaseModel):
+    """A model process this actuator runs (alive: Loading, Ready, Stopping or Sleeping)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    namespace: str
+    name: str
+    pid: int
+    port: int
+    phase: ProcessPhase
+    generation: int = Field(description="The command generation the process answers")
+    started_at: datetime = Field(alias="startedAt")
+    endpoint: str = Field(examples=["http://127.0.0.1:41234"])
+
+    @classmethod
+    def of(cls, info: ProcessInfo) -> ProcessItem:
+        return cls(
+            namespace=info.namespace,
+            name=info.name,
+            pid=info.pid,
+            port=info.port,
+            phase=info.phase,
+            generation=info.generation,
+            started_at=info.started_at,
+            endpoint=info.endpoint,
+        )
+
+
+class ProcessList(BaseModel):
+    items: list[ProcessItem]
+
+
+def build_app(
+    *,
+    processes: Callable[[], list[ProcessInfo]],
+    readiness: ReadinessCheck,
+    admin_token: str | None,
+) -> FastAPI:
+    app = FastAPI(title="FlexInfer actuator", version=__version__)
+    install_error_handlers(app)
+    add_ops_routes(app, readiness)
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(admin_token_dependency(admin_token))])
+
+    @api.get("/processes", response_model=ProcessList, response_model_by_alias=True)
+    async def list_processes() -> ProcessList:
+        """The model processes running now, in start order."""
+        return ProcessList(items=[ProcessItem.of(info) for info in processes()])
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,48 @@
+"""What the actuator knows about one model's runtime (a local process today, a Deployment later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from flexinfer_common.enums import RuntimePhase
+
+
+class ProcessPhase(StrEnum):
+    """The phase of a runtime that exists (a parked or failed model has no runtime at all)."""
+
+    LOADING = "Loading"
+    READY = "Ready"
+    STOPPING = "Stopping"
+    SLEEPING = "Sleeping"
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One row of the process table (``GET /api/v1/processes``)."""
+
+    namespace: str
+    name: str
+    pid: int
+    port: int
+    phase: ProcessPhase
+    generation: int
+    started_at: datetime
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A back-end's report about one model; the loop turns it into a ``RuntimeStatus`` on the bus.
+
+    ``generation`` is the command generation the observation answers.
+    """
+
+    namespace: str
+    name: str
+    phase: RuntimePhase
+    generation: int
+    endpoint: str | None = None
+    message: str = ""
+    pid: int | None = None

@@ -1,0 +1,239 @@
+"""The actuator's loop: consume scale commands, apply them through a :class:`~flexinfer_actuator.ports.Scaler`,
+publish what the back-end observes.
+
+Commands for one model are applied strictly in order by that model's own worker task; different models proceed
+concurrently. The bus handler only routes a command to its model's queue, so a slow park never holds up the
+consumer or another model. Each worker judges a command's generation first (stale: ignored; repeated: re-report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from flexinfer_actuator.domain.commands import GenerationVerdict, should_apply
+from flexinfer_actuator.domain.processes import Observation
+from flexinfer_actuator.ports import Scaler
+from flexinfer_common import subjects
+from flexinfer_common.bus import Bus, Consumer, Delivery, decode_json
+from flexinfer_common.clock import Clock
+from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand
+from flexinfer_common.metrics import ACTUATOR_COMMANDS
+
+log = get_logger("flexinfer.actuator")
+
+DURABLE = "actuator"
+COMMAND_FILTER = subjects.COMMAND_PREFIX + ".>"
+_PUBLISH_ATTEMPTS = 3
+_PUBLISH_RETRY_DELAY = 0.5
+
+ModelKey = tuple[str, str]
+
+
+class Publisher(Protocol):
+    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
+
+
+class StatusPublisher:
+    """Turns a back-end's observations into ``RuntimeStatus`` messages and remembers the last one per model, so a
+    repeated command can be answered with the current status. ``report`` never raises: a status that cannot be
+    published is logged (the scheduler re-issues its command, which re-reports)."""
+
+    def __init__(self, *, bus: Publisher, actuator: str, clock: Clock) -> None:
+        self._bus = bus
+        self._actuator = actuator
+        self._clock = clock
+        self._last: dict[ModelKey, RuntimeStatus] = {}
+        self._sequence = itertools.count(1)
+
+    def last(self, namespace: str, model: str) -> RuntimeStatus | None:
+        return self._last.get((namespace, model))
+
+    async def report(self, observation: Observation) -> None:
+        status = RuntimeStatus(
+            namespace=observation.namespace,
+            model=observation.name,
+            phase=observation.phase,
+            generation=observation.generation,
+            endpoint=observation.endpoint,
+            message=observation.message,
+            pid=observation.pid,
+            time=self._clock.now(),
+            actuator=self._actuator,
+        )
+        self._last[(status.namespace, status.model)] = status
+        await self._publish(status)
+
+    async def rereport(self, namespace: str, model: str) -> bool:
+        """Publish the model's last status again (fresh time); False when none was reported yet."""
+        last = self._last.get((namespace, model))
+        if last is None:
+            return False
+        await self._publish(last.model_copy(update={"time": self._clock.now()}))
+        return True
+
+    async def _publish(self, status: RuntimeStatus) -> None:
+        subject = subjects.runtime_status_subject(status.namespace, status.model)
+        # Unique per report (a re-report must not be de-duplicated away), stable across this call's retries.
+        msg_id = f"{self._actuator}:{subjects.route_key(status.namespace, status.model)}:{next(self._sequence)}"
+        fields = {
+            "namespace": status.namespace,
+            "model": status.model,
+            "phase": status.phase.value,
+            "generation": status.generation,
+        }
+        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            if not getattr(self._bus, "connected", True):
+                # No waiting on a dead bus (it would stall shutdown); the scheduler re-issues an unanswered
+                # command, and the repeat is answered with the current status.
+                log.warning("bus down: runtime status not published", extra=fields)
+                return
+            try:
+                await self._bus.publish(subject, status, msg_id=msg_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == _PUBLISH_ATTEMPTS:
+                    log.error("could not publish runtime status", extra={**fields, "error": repr(exc)})
+                    return
+                await asyncio.sleep(_PUBLISH_RETRY_DELAY)
+            else:
+                log.info("runtime status", extra={**fields, "detail": status.message or None})
+                return
+
+
+class Actuator:
+    """Consumes ``flexinfer.actuator.command.>`` (durable ``actuator``) and applies each command in order per model."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        scaler: Scaler,
+        statuses: StatusPublisher,
+        instance: str,
+        clock: Clock,
+        drain_timeout: float = 15.0,
+    ) -> None:
+        self.bus = bus
+        self.scaler = scaler
+        self.statuses = statuses
+        self.instance = instance
+        self.clock = clock
+        self.drain_timeout = drain_timeout
+        self._consumer: Consumer[ScaleCommand] | None = None
+        self._queues: dict[ModelKey, asyncio.Queue[ScaleCommand | None]] = {}
+        self._workers: dict[ModelKey, asyncio.Task[None]] = {}
+        self._applied: dict[ModelKey, int] = {}
+        self._stopping = False
+
+    @property
+    def consuming(self) -> bool:
+        return self._consumer is not None and not self._stopping
+
+    async def start(self) -> None:
+        """Start consuming, then say hello (the scheduler re-issues the commands it wants applied)."""
+        consumer = Consumer(
+            self.bus,
+            stream=subjects.COMMAND_STREAM,
+            durable=DURABLE,
+            filter_subject=COMMAND_FILTER,
+            decode=functools.partial(decode_json, ScaleCommand),
+            handler=self.handle,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        now = self.clock.now()
+        hello = ActuatorHello(actuator=self.instance, backend=self.scaler.backend, time=now)
+        await self.bus.publish(
+            subjects.actuator_hello_subject(self.instance), hello, msg_id=f"hello:{self.instance}:{now.isoformat()}"
+        )
+        log.info("actuator consuming commands", extra={"actuator": self.instance, "backend": self.scaler.backend})
+
+    async def handle(self, command: ScaleCommand, delivery: Delivery) -> None:
+        """Route a command to its model's worker (the bus acks it once queued)."""
+        key = (command.namespace, command.model)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = asyncio.Queue()
+            self._workers[key] = asyncio.create_task(self._work(key, queue), name=f"model:{key[0]}/{key[1]}")
+        log.debug(
+            "command queued",
+            extra={"subject": delivery.subject, "command_id": command.command_id, "generation": command.generation},
+        )
+        queue.put_nowait(command)
+
+    async def stop(self) -> None:
+        """Stop consuming, let each model finish the command it is applying, then stop every runtime."""
+        self._stopping = True
+        if self._consumer is not None:
+            await self._consumer.stop()
+        for queue in self._queues.values():
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(None)
+        workers = list(self._workers.values())
+        if workers:
+            _, late = await asyncio.wait(workers, timeout=self.drain_timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        await self.scaler.close()
+        log.info("actuator stopped", extra={"actuator": self.instance})
+
+    async def _work(self, key: ModelKey, queue: asyncio.Queue[ScaleCommand | None]) -> None:
+        while (command := await queue.get()) is not None:
+            try:
+                await self._apply(command)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ACTUATOR_COMMANDS.labels(action=command.action.value, result="error").inc()
+                log.exception(
+                    "command failed",
+                    extra={"namespace": key[0], "model": key[1], "generation": command.generation},
+                )
+                await self.statuses.report(
+                    Observation(
+                        key[0], key[1], RuntimePhase.FAILED, command.generation, message=f"actuator error: {exc!r}"
+                    )
+                )
+
+    async def _apply(self, command: ScaleCommand) -> None:
+        key = (command.namespace, command.model)
+        fields = {
+            "namespace": command.namespace,
+            "model": command.model,
+            "action": command.action.value,
+            "generation": command.generation,
+            "swap_id": command.swap_id,
+        }
+        last = self._applied.get(key)
+        verdict = should_apply(command, last)
+        if verdict is GenerationVerdict.STALE:
+            log.info("ignored stale command", extra={**fields, "last_applied_generation": last})
+            ACTUATOR_COMMANDS.labels(action=command.action.value, result="stale").inc()
+            return
+        if verdict is GenerationVerdict.REREPORT and await self.statuses.rereport(*key):
+            log.info("repeated command: re-reported the current status", extra=fields)
+            ACTUATOR_COMMANDS.labels(action=command.action.value, result="rereported").inc()
+            return
+        self._applied[key] = command.generation
+        spec = command.runtime
+        if (spec.namespace, spec.name) != key:
+            log.warning(
+                "runtime spec names another model; using the command's", extra={**fields, "spec_name": spec.name}
+            )
+            spec = spec.model_copy(update={"namespace": command.namespace, "name": command.model})
+        log.info("applying command", extra=fields)
+        if command.action is ScaleAction.ACTIVATE:
+            await self.scaler.activate(spec, generation=command.generation)
+        else:
+            await self.scaler.park(spec, generation=command.generation)
+        ACTUATOR_COMMANDS.labels(action=command.action.value, result="applied").inc()

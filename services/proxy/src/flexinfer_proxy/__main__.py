@@ -1,0 +1,3 @@
+from flexinfer_proxy.main import run
+
+run()

@@ -1,0 +1,137 @@
+"""The errors the proxy answers with, as OpenAI-style bodies: ``{"error": {"message", "type", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_AMBIGUOUS = "model_ambiguous"
+    MODEL_FAILED = "model_failed"
+    MODEL_REMOVED = "model_removed"
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    SHUTTING_DOWN = "shutting_down"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    ROUTES_UNAVAILABLE = "routes_unavailable"
+    BODY_TOO_LARGE = "body_too_large"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal_error"
+
+
+class ErrorType(StrEnum):
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    RATE_LIMIT = "rate_limit_error"
+    SERVER = "server_error"
+
+
+class ProxyError(Exception):
+    """A request the proxy answers itself. ``retry_after`` (seconds) becomes a ``Retry-After`` header."""
+
+    def __init__(
+        self,
+        status: int,
+        code: ErrorCode,
+        message: str,
+        *,
+        type_: ErrorType | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.type = type_ or _default_type(status)
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {"error": {"message": self.message, "type": self.type.value, "code": self.code.value}}
+        ).encode()
+
+    def __repr__(self) -> str:
+        return f"ProxyError({self.status}, {self.code.value}, {self.message!r})"
+
+
+def _default_type(status: int) -> ErrorType:
+    if status == 401:
+        return ErrorType.AUTHENTICATION
+    if status == 429:
+        return ErrorType.RATE_LIMIT
+    if status >= 500:
+        return ErrorType.SERVER
+    return ErrorType.INVALID_REQUEST
+
+
+def model_not_found(model: str) -> ProxyError:
+    return ProxyError(404, ErrorCode.MODEL_NOT_FOUND, f"model '{model}' not found")
+
+
+def model_ambiguous(model: str, namespaces: list[str]) -> ProxyError:
+    candidates = ", ".join(f"{ns}/{model}" for ns in namespaces)
+    return ProxyError(
+        400, ErrorCode.MODEL_AMBIGUOUS, f"model '{model}' exists in several namespaces ({candidates}); name one"
+    )
+
+
+def model_failed(model: str, reason: str) -> ProxyError:
+    return ProxyError(503, ErrorCode.MODEL_FAILED, f"model '{model}' cannot be loaded: {reason}")
+
+
+def model_removed(model: str) -> ProxyError:
+    return ProxyError(404, ErrorCode.MODEL_REMOVED, f"model '{model}' was removed while the request waited")
+
+
+def queue_full(model: str, limit: int, retry_after: int) -> ProxyError:
+    return ProxyError(
+        429,
+        ErrorCode.QUEUE_FULL,
+        f"too many requests are waiting for model '{model}' (limit {limit}); retry later",
+        retry_after=retry_after,
+    )
+
+
+def queue_timeout(model: str, waited_seconds: float) -> ProxyError:
+    return ProxyError(504, ErrorCode.QUEUE_TIMEOUT, f"model '{model}' did not become ready within {waited_seconds:g}s")
+
+
+def shutting_down() -> ProxyError:
+    return ProxyError(503, ErrorCode.SHUTTING_DOWN, "the proxy is shutting down; retry on another instance")
+
+
+def upstream_unavailable(model: str, reason: str) -> ProxyError:
+    return ProxyError(502, ErrorCode.UPSTREAM_UNAVAILABLE, f"cannot reach model '{model}': {reason}")
+
+
+def routes_unavailable() -> ProxyError:
+    return ProxyError(503, ErrorCode.ROUTES_UNAVAILABLE, "the proxy has not loaded its model routes yet; retry soon")
+
+
+def invalid_request(message: str) -> ProxyError:
+    return ProxyError(400, ErrorCode.INVALID_REQUEST, message)
+
+
+def body_too_large(limit: int) -> ProxyError:
+    return ProxyError(413, ErrorCode.BODY_TOO_LARGE, f"request body is larger than {limit} bytes")
+
+
+def path_not_found(path: str) -> ProxyError:
+    return ProxyError(404, ErrorCode.NOT_FOUND, f"no such path: {path}")
+
+
+def method_not_allowed(method: str, path: str) -> ProxyError:
+    return ProxyError(405, ErrorCode.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}")
+
+
+def unauthorized() -> ProxyError:
+    return ProxyError(401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
+
+
+def internal_error() -> ProxyError:
+    return ProxyError(500, ErrorCode.INTERNAL, "internal proxy error")

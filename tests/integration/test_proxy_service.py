@@ -1,0 +1,507 @@
+"""The proxy against real NATS: the test plays the scheduler (it writes Route entries into the routes KV bucket)
+and runs the model servers in-process (the fake model, or a small recording upstream)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import REGISTRY
+
+from flexinfer_common import subjects
+from flexinfer_common.bus import Bus
+from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.messages import Demand, Route
+from flexinfer_fake_model.server import FakeModelConfig, build_app
+from flexinfer_proxy.adapters.routes_watcher import BAD_ROUTE_SUBJECT
+from flexinfer_proxy.app import Proxy
+from flexinfer_proxy.settings import ProxySettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+NS = "default"
+
+
+# --------------------------------------------------------------------------- model servers
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class Recorder:
+    """A model server that records what reaches it. ``/sse`` streams one event, waits for ``gate``, then more."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    client_gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(
+            {"method": request.method, "path_qs": request.path_qs, "body": body, "headers": dict(request.headers)}
+        )
+        if request.path == "/sse":
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: one\n\n")
+            await self.gate.wait()
+            try:
+                await response.write(b"data: two\n\n")
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+            except ConnectionError:
+                self.client_gone.set()
+            return response
+        if request.path == "/teapot":
+            return web.json_response({"error": {"message": "short and stout"}}, status=418)
+        return web.json_response({"path_qs": request.path_qs, "n": len(self.seen)}, headers={"X-Upstream": "rec"})
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+async def _ready(value: bool) -> bool:
+    return value
+
+
+async def poll(check: Callable[[], Awaitable[bool]], *, within: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Harness:
+    """A started proxy plus what a test needs around it: the routes bucket, demand messages, an HTTP client."""
+
+    def __init__(self, bus: Bus, proxy: Proxy, http: aiohttp.ClientSession) -> None:
+        self.bus = bus
+        self.proxy = proxy
+        self.http = http
+        self.base = f"http://127.0.0.1:{proxy.port}"
+        self.demands: asyncio.Queue[tuple[str, Demand]] = asyncio.Queue()
+
+    async def subscribe_demand(self) -> None:
+        async def on_message(msg: Any) -> None:
+            await self.demands.put((msg.subject, Demand.model_validate_json(msg.data)))
+
+        await self.bus.nc.subscribe(subjects.DEMAND_PREFIX + ".>", cb=on_message)
+
+    async def put_route(
+        self,
+        name: str,
+        *,
+        endpoint: str | None = None,
+        failure: str | None = None,
+        labels: tuple[str, ...] = (),
+        namespace: str = NS,
+    ) -> Route:
+        ready = endpoint is not None
+        route = Route(
+            namespace=namespace,
+            name=name,
+            service_labels=list(labels),
+            ready=ready,
+            endpoint=endpoint,
+            failure=failure,
+            phase=ModelPhase.READY if ready else ModelPhase.FAILED if failure else ModelPhase.IDLE,
+            state=SharedState.ACTIVE if ready else SharedState.PARKED,
+            updated_at=datetime.now(UTC),
+        )
+        kv = await self.bus.routes()
+        await kv.put(subjects.route_key(namespace, name), route.to_bytes())
+        await self.until(lambda: self.proxy.routes.get(self._key(namespace, name)) == route)
+        return route
+
+    @staticmethod
+    def _key(namespace: str, name: str) -> Any:
+        from flexinfer_proxy.domain.routes import ModelKey
+
+        return ModelKey(namespace, name)
+
+    @staticmethod
+    async def until(check: Callable[[], bool], *, within: float = 3.0) -> None:
+        await poll(lambda: _ready(check()), within=within, what="condition")
+
+    async def next_demand(
+        self, match: Callable[[Demand], bool] = lambda d: True, *, within: float = 3.0
+    ) -> tuple[str, Demand]:
+        async with asyncio.timeout(within):
+            while True:
+                subject, demand = await self.demands.get()
+                if match(demand):
+                    return subject, demand
+
+    async def queued(self, name: str) -> int:
+        async with self.http.get(self.base + "/api/v1/queues") as resp:
+            items = (await resp.json())["items"]
+        return sum(i["queued"] for i in items if i["model"] == name)
+
+    async def until_queued(self, name: str, count: int) -> None:
+        async def queued_now() -> bool:
+            return await self.queued(name) == count
+
+        await poll(queued_now, within=3.0, what=f"{count} queued for {name}")
+
+    def chat(self, model: str, text: str = "hello", **extra: Any) -> Awaitable[aiohttp.ClientResponse]:
+        body = {"model": model, "messages": [{"role": "user", "content": text}], **extra}
+        return self.http.post(self.base + "/v1/chat/completions", json=body)
+
+
+StartProxy = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+async def start_proxy(bus: Bus, clean_nats: str) -> AsyncIterator[StartProxy]:
+    started: list[tuple[Proxy, Bus]] = []
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def start(*, check_interval: float = 10.0, **overrides: Any) -> Harness:
+        settings = ProxySettings(
+            nats_url=clean_nats,
+            bind_host="127.0.0.1",
+            proxy_port=0,
+            queue_timeout=overrides.pop("queue_timeout", 5),
+            demand_refresh_interval=overrides.pop("demand_refresh_interval", 10),
+            **overrides,
+        )
+        proxy_bus = Bus(clean_nats, name="proxy-under-test")
+        await proxy_bus.connect()
+        proxy = Proxy(settings, proxy_bus, instance_id="proxy-test-1", route_check_interval=check_interval)
+        await proxy.start()
+        started.append((proxy, proxy_bus))
+        async with asyncio.timeout(5):
+            await proxy.wait_ready()
+        harness = Harness(bus, proxy, http)
+        await harness.subscribe_demand()
+        return harness
+
+    yield start
+    for proxy, proxy_bus in started:
+        await proxy.stop()
+        await proxy_bus.close()
+    await http.close()
+
+
+@pytest.fixture
+async def proxy(start_proxy: StartProxy) -> Harness:
+    return await start_proxy()
+
+
+@pytest.fixture
+async def fake_model() -> AsyncIterator[str]:
+    async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as base:
+        yield base
+
+
+@pytest.fixture
+async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
+    rec = Recorder()
+    async with serving(rec.app()) as base:
+        yield rec, base
+    rec.gate.set()
+
+
+# --------------------------------------------------------------------------- forwarding
+
+
+async def test_ready_model_is_forwarded_and_reports_activity(proxy: Harness, fake_model: str) -> None:
+    await proxy.put_route("m1", endpoint=fake_model)
+    async with await proxy.chat("m1", "hi there") as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Fake-Model"] == "m1"
+        assert "X-FlexInfer-Cold-Start" not in resp.headers
+        body = await resp.json()
+    assert body["choices"][0]["message"]["content"] == "[m1] hi there"
+    subject, demand = await proxy.next_demand()
+    assert subject == subjects.demand_subject(NS, "m1")
+    assert (demand.queued, demand.source) == (0, "proxy-test-1")
+    # a busy model costs the bus nothing more: no second activity report within the interval
+    for _ in range(5):
+        async with await proxy.chat("m1") as resp:
+            assert resp.status == 200
+    await asyncio.sleep(0.1)
+    assert proxy.demands.empty()
+
+
+async def test_sse_passes_through_chunk_by_chunk(proxy: Harness, recorder: tuple[Recorder, str]) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    async with proxy.http.post(proxy.base + "/default/m1/sse", json={"stream": True}) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        # The first event arrives while the model still holds back the second one: nothing is buffered.
+        first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), timeout=2)
+        assert first == b"data: one\n\n"
+        rec.gate.set()
+        rest = await resp.content.read()
+    assert rest == b"data: two\n\ndata: [DONE]\n\n"
+
+
+async def test_client_leaving_mid_stream_closes_the_model_connection(
+    proxy: Harness, recorder: tuple[Recorder, str]
+) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    async with aiohttp.ClientSession() as leaving, leaving.post(proxy.base + "/default/m1/sse") as resp:
+        assert await resp.content.readuntil(b"\n\n") == b"data: one\n\n"
+    await asyncio.sleep(0.1)
+    rec.gate.set()
+    async with asyncio.timeout(2):
+        await rec.client_gone.wait()  # the model learns it can stop generating
+
+
+async def test_fake_model_streaming_chat(proxy: Harness, fake_model: str) -> None:
+    await proxy.put_route("m1", endpoint=fake_model)
+    async with await proxy.chat("m1", "one two three", stream=True) as resp:
+        assert resp.status == 200
+        events = [line async for line in resp.content if line.startswith(b"data: ")]
+    assert events[-1].strip() == b"data: [DONE]"
+    words = "".join(
+        json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1] if json.loads(e[6:])["choices"]
+    )
+    assert words.split() == ["[m1]", "one", "two", "three"]
+
+
+async def test_unknown_model_is_404_with_an_openai_error(proxy: Harness) -> None:
+    async with await proxy.chat("nope") as resp:
+        assert resp.status == 404
+        assert await resp.json() == {
+            "error": {"message": "model 'nope' not found", "type": "invalid_request_error", "code": "model_not_found"}
+        }
+
+
+async def test_path_prefix_forwards_any_method_with_its_query(proxy: Harness, recorder: tuple[Recorder, str]) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    async with proxy.http.put(
+        proxy.base + "/default/m1/v1/load_lora_adapter?name=x%20y&b=1", data=b"raw-bytes"
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Upstream"] == "rec"
+    assert rec.seen[-1]["method"] == "PUT"
+    assert rec.seen[-1]["path_qs"] == "/v1/load_lora_adapter?name=x%20y&b=1", "forwarded as the client encoded it"
+    assert rec.seen[-1]["body"] == b"raw-bytes"
+    async with proxy.http.get(proxy.base + "/default/m1/teapot") as resp:
+        assert resp.status == 418, "upstream errors pass through unchanged"
+        assert (await resp.json())["error"]["message"] == "short and stout"
+
+
+async def test_upstream_down_is_502(proxy: Harness) -> None:
+    await proxy.put_route("m1", endpoint="http://127.0.0.1:9")  # discard port: nothing listens
+    async with await proxy.chat("m1") as resp:
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+    assert error["code"] == "upstream_unavailable"
+    assert "default/m1" in error["message"]
+
+
+async def test_openai_client_works_through_the_proxy(proxy: Harness, fake_model: str) -> None:
+    from openai import AsyncOpenAI
+
+    await proxy.put_route("m1", endpoint=fake_model, labels=("chat",))
+    client = AsyncOpenAI(base_url=proxy.base + "/v1", api_key="unused", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(model="m1", messages=[{"role": "user", "content": "ping"}])
+        assert reply.choices[0].message.content == "[m1] ping"
+        stream = await client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "a b c"}], stream=True
+        )
+        pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        assert "".join(pieces).split() == ["[m1]", "a", "b", "c"]
+        assert len(pieces) > 1
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["m1"]
+    finally:
+        await client.close()
+
+
+async def test_models_list_and_admin_auth(start_proxy: StartProxy, fake_model: str) -> None:
+    harness = await start_proxy(admin_token="s3cret")
+    await harness.put_route("m1", endpoint=fake_model)
+    await harness.put_route("m2", namespace="team")
+    async with harness.http.get(harness.base + "/v1/models") as resp:
+        listed = await resp.json()
+    assert listed["object"] == "list"
+    assert [(m["id"], m["namespace"], m["state"], m["ready"]) for m in listed["data"]] == [
+        ("m1", "default", "Active", True),
+        ("m2", "team", "Parked", False),
+    ]
+    async with harness.http.get(harness.base + "/api/v1/queues") as resp:
+        assert resp.status == 401
+        assert (await resp.json())["error"]["code"] == "unauthorized"
+    headers = {"Authorization": "Bearer s3cret"}
+    async with harness.http.get(harness.base + "/api/v1/queues", headers=headers) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"items": []}
+    async with harness.http.get(harness.base + "/readyz") as resp:
+        ready = await resp.json()
+    assert resp.status == 200 and ready["checks"]["bus"] is True
+
+
+async def test_deleted_route_makes_the_model_unknown(proxy: Harness, fake_model: str) -> None:
+    await proxy.put_route("m1", endpoint=fake_model)
+    kv = await proxy.bus.routes()
+    await kv.delete(subjects.route_key(NS, "m1"))
+    await proxy.until(lambda: len(proxy.proxy.routes) == 0)
+    async with await proxy.chat("m1") as resp:
+        assert resp.status == 404
+
+
+async def test_malformed_route_entry_is_ignored_and_counted(proxy: Harness, fake_model: str) -> None:
+    def bad_count() -> float:
+        return REGISTRY.get_sample_value("flexinfer_bad_messages_total", {"subject": BAD_ROUTE_SUBJECT}) or 0.0
+
+    before = bad_count()
+    kv = await proxy.bus.routes()
+    await kv.put("default.garbage", b"{not json")
+    await kv.put("default.halfway", json.dumps({"namespace": "default", "name": "halfway"}).encode())
+    await proxy.put_route("m1", endpoint=fake_model)  # the watcher lives on
+    assert bad_count() == before + 2
+    assert [r.name for r in proxy.proxy.routes] == ["m1"]
+    async with await proxy.chat("m1") as resp:
+        assert resp.status == 200
+
+
+async def test_watcher_recovers_when_the_bucket_is_recreated(start_proxy: StartProxy, fake_model: str) -> None:
+    harness = await start_proxy(check_interval=0.2)
+    await harness.put_route("m1")
+    await harness.bus.js.delete_stream(f"KV_{subjects.ROUTES_BUCKET}")  # the scheduler's bucket is lost ...
+    await harness.put_route("m1", endpoint=fake_model)  # ... and written again (bus.routes() recreates it)
+    async with await harness.chat("m1") as resp:
+        assert resp.status == 200
+
+
+# --------------------------------------------------------------------------- queueing
+
+
+async def test_queued_request_signals_demand_and_is_answered_when_ready(
+    start_proxy: StartProxy, fake_model: str
+) -> None:
+    harness = await start_proxy(demand_refresh_interval=0.3)
+    await harness.put_route("m1")
+    request = asyncio.create_task(harness.chat("m1", "wake up"))
+    subject, demand = await harness.next_demand()
+    assert subject == subjects.demand_subject(NS, "m1")
+    assert (demand.model, demand.namespace, demand.queued, demand.source) == ("m1", NS, 1, "proxy-test-1")
+    _, refreshed = await harness.next_demand(within=2)  # still waiting: the demand is kept alive
+    assert refreshed.queued == 1
+    assert await harness.queued("m1") == 1
+
+    await harness.put_route("m1", endpoint=fake_model)
+    async with await request as resp:
+        assert resp.status == 200
+        assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
+        assert int(resp.headers["X-FlexInfer-Queue-Wait-Ms"]) >= 300
+        assert (await resp.json())["choices"][0]["message"]["content"] == "[m1] wake up"
+    _, final = await harness.next_demand(lambda d: d.queued == 0)
+    assert final.queued == 0
+    assert await harness.queued("m1") == 0
+
+
+async def test_drained_requests_reach_the_model_in_arrival_order(
+    proxy: Harness, recorder: tuple[Recorder, str]
+) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1")
+    tasks = []
+    for i in range(6):
+        tasks.append(asyncio.create_task(proxy.chat("m1", f"request-{i}")))
+        await proxy.until_queued("m1", i + 1)
+    await proxy.put_route("m1", endpoint=base)
+    responses = await asyncio.gather(*tasks)
+    for resp in responses:
+        assert resp.status == 200
+        resp.release()
+    order = [json.loads(seen["body"])["messages"][0]["content"] for seen in rec.seen]
+    assert order == [f"request-{i}" for i in range(6)]
+
+
+async def test_full_queue_is_429_with_retry_after(start_proxy: StartProxy) -> None:
+    harness = await start_proxy(queue_max=2)
+    await harness.put_route("m1")
+    waiting = [asyncio.create_task(harness.chat("m1")) for _ in range(2)]
+    await harness.until_queued("m1", 2)
+    async with await harness.chat("m1") as resp:
+        assert resp.status == 429
+        assert resp.headers["Retry-After"] == "5"
+        assert (await resp.json())["error"]["code"] == "queue_full"
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_wait_past_the_queue_timeout_is_504(start_proxy: StartProxy) -> None:
+    harness = await start_proxy(queue_timeout=0.4)
+    await harness.put_route("m1")
+    async with await harness.chat("m1") as resp:
+        assert resp.status == 504
+        assert (await resp.json())["error"]["code"] == "queue_timeout"
+    assert await harness.queued("m1") == 0
+
+
+async def test_failed_route_answers_waiters_503_naming_the_reason(proxy: Harness) -> None:
+    await proxy.put_route("m1")
+    waiting = [asyncio.create_task(proxy.chat("m1")) for _ in range(2)]
+    await proxy.until_queued("m1", 2)
+    await proxy.put_route("m1", failure="process exited with code 1")
+    for resp in await asyncio.gather(*waiting):
+        assert resp.status == 503
+        error = (await resp.json())["error"]
+        assert error["code"] == "model_failed"
+        assert "process exited with code 1" in error["message"]
+    async with await proxy.chat("m1") as resp:  # and a newcomer is answered at once
+        assert resp.status == 503
+
+
+async def test_client_that_disconnects_leaves_the_queue_and_the_demand(proxy: Harness) -> None:
+    await proxy.put_route("m1")
+    impatient = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5))
+    try:
+        with pytest.raises(TimeoutError):
+            async with impatient.post(proxy.base + "/v1/chat/completions", json={"model": "m1"}):
+                pass
+    finally:
+        await impatient.close()
+    _, first = await proxy.next_demand()
+    assert first.queued == 1
+    _, after = await proxy.next_demand()
+    assert after.queued == 0
+    assert await proxy.queued("m1") == 0
+
+
+async def test_shutdown_answers_waiters_503(start_proxy: StartProxy) -> None:
+    harness = await start_proxy()
+    await harness.put_route("m1")
+    waiting = asyncio.create_task(harness.chat("m1"))
+    await harness.until_queued("m1", 1)
+    await harness.proxy.stop()
+    async with await waiting as resp:
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == "shutting_down"

@@ -1,0 +1,166 @@
+"""The whole loop on real NATS and Postgres: proxy -> scheduler -> actuator -> fake model processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flexinfer_common.bus import Bus
+from tests.support.system import System, fake_model, running_system
+
+pytestmark = pytest.mark.integration
+
+RUNNING = {"Loading", "Ready", "Stopping"}
+
+
+async def chat(
+    system: System, model: str, text: str, *, delay: float = 0
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    await asyncio.sleep(delay)
+    assert system.http is not None
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+async def wait_for(predicate: Any, limit: float = 20, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {limit}s (last value {value!r})")
+        await asyncio.sleep(interval)
+
+
+class ProcessTableWatcher:
+    """Polls the actuator's process table and remembers every set of running models it saw."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.seen: list[frozenset[str]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            table = await self.system.get("actuator", "/api/v1/processes")
+            running = frozenset(p["name"] for p in table["items"] if p["phase"] in RUNNING)
+            if not self.seen or self.seen[-1] != running:
+                self.seen.append(running)
+            await asyncio.sleep(0.01)
+
+    def __enter__(self) -> ProcessTableWatcher:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def response_number(body: dict[str, Any]) -> int:
+    """The fake model numbers completions in arrival order: ``chatcmpl-<pid>-<n>``."""
+    return int(body["id"].rsplit("-", 1)[1])
+
+
+async def test_request_for_b_is_answered_by_b_after_a_was_parked(
+    database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=1.5
+    ) as system:
+        await system.put_model(fake_model("a", priority=10))
+        await system.put_model(fake_model("b", priority=10))
+
+        # a wins the fallback election (same priority, alphabetical) and serves.
+        status, body, _ = await chat(system, "a", "hello")
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
+
+        with ProcessTableWatcher(system) as watcher:
+            results = await asyncio.gather(*(chat(system, "b", f"req-{i}", delay=0.05 * i) for i in range(5)))
+            await asyncio.sleep(0.1)
+
+        for i, (status, body, headers) in enumerate(results):
+            assert status == 200, body
+            assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
+            assert headers.get("X-FlexInfer-Cold-Start") == "true"
+            assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) > 0
+        numbers = [response_number(body) for _, body, _ in results]
+        assert numbers == sorted(numbers), f"requests reached b out of arrival order: {numbers}"
+
+        assert all(len(running) <= 1 for running in watcher.seen), f"two models ran at once: {watcher.seen}"
+        assert frozenset({"a"}) in watcher.seen and watcher.seen[-1] == frozenset({"b"})
+        assert watcher.seen.index(frozenset({"a"})) < watcher.seen.index(frozenset({"b"}))
+
+        group = await system.get("scheduler", "/api/v1/groups/gpu")
+        assert group["activeModel"] == {"namespace": "default", "name": "b"}
+        members = {m["name"]: m for m in group["models"]}
+        assert members["b"]["phase"] == "Ready" and members["b"]["state"] == "Active"
+        assert members["a"]["phase"] == "Preempted" and members["a"]["preemptedBy"] == "b"
+        assert group["cooldownRemainingSeconds"] > 0
+
+        swaps = (await system.get("scheduler", "/api/v1/swaps"))["items"]
+        latest = swaps[0]
+        assert (latest["fromModel"], latest["toModel"], latest["reason"]) == ("default/a", "default/b", "demand")
+        assert latest["finishedAt"] is not None and {"parking", "loading"} <= set(latest["phases"])
+
+
+async def test_malformed_demand_is_counted_and_the_next_good_one_works(
+    database_url: str, clean_nats: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="flexinfer.bus")
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, services=("scheduler",)
+    ) as system:
+        await system.put_model(fake_model("a", priority=100))
+        await system.put_model(fake_model("b", priority=1))
+        bus = Bus(clean_nats, name="external-producer")
+        await bus.connect()
+        try:
+            await bus.nc.publish("flexinfer.demand.default.b", b"{this is not json")
+            await bus.nc.publish("flexinfer.demand.default.b", json.dumps({"model": "b", "queued": -4}).encode())
+            await bus.nc.publish("flexinfer.demand.default.b", json.dumps({"model": "b", "source": "batch"}).encode())
+            await bus.nc.flush()
+        finally:
+            await bus.close()
+
+        async def b_demanded() -> bool:
+            model = await system.get("scheduler", "/api/v1/models/default/b")
+            # no actuator runs here, so nothing is loaded: the demanded b wins the election (stage 3)
+            return (
+                model["status"].get("lastActiveTime") is not None
+                and model["status"]["sharedGroup"].get("state") == "Active"
+            )
+
+        await wait_for(b_demanded)
+        assert system.http is not None
+        async with system.http.get(system.url("scheduler") + "/metrics") as resp:
+            metrics = await resp.text()
+        line = next(x for x in metrics.splitlines() if x.startswith("flexinfer_bad_messages_total{"))
+        assert float(line.rsplit(" ", 1)[1]) >= 2
+        reasons = [
+            r.__dict__.get("reason", "") for r in caplog.records if r.getMessage() == "rejected malformed message"
+        ]
+        assert any("not JSON" in r for r in reasons) and any("queued" in r for r in reasons)
+
+
+async def test_unknown_model_is_404_and_bad_manifest_is_422(database_url: str, clean_nats: str, tmp_path: Path) -> None:
+    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+        status, body, _ = await chat(system, "nope", "hi")
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        assert system.http is not None
+        bad = fake_model("c")
+        bad["spec"]["gpu"]["priority"] = "very high"
+        async with system.http.put(system.url("scheduler") + "/api/v1/models/default/c", json=bad) as resp:
+            assert resp.status == 422
+            assert "spec.gpu.priority" in (await resp.json())["error"]["message"]
+        async with aiohttp.ClientSession() as http, http.get(system.url("scheduler") + "/api/v1/models") as resp:
+            assert (await resp.json())["items"] == []

@@ -1,0 +1,167 @@
+"""Run the services in-process, on real NATS and Postgres, for integration tests.
+
+Each service runs its own ``serve(settings, stop)`` (the same function its ``main`` runs) as a task, on free
+loopback ports, with test-sized timings. The actuator starts real model processes (the fake model server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from flexinfer_common.embedded import free_port
+
+
+@dataclass
+class Service:
+    name: str
+    port: int
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class System:
+    services: dict[str, Service] = field(default_factory=dict)
+    http: aiohttp.ClientSession | None = None
+
+    def url(self, name: str) -> str:
+        return self.services[name].url
+
+    async def stop_service(self, name: str) -> None:
+        service = self.services[name]
+        service.stop.set()
+        await asyncio.wait_for(service.task, timeout=30)
+
+    async def put_model(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        assert self.http is not None
+        meta = manifest["metadata"]
+        url = f"{self.url('scheduler')}/api/v1/models/{meta.get('namespace', 'default')}/{meta['name']}"
+        async with self.http.put(url, json=manifest) as resp:
+            body: dict[str, Any] = await resp.json()
+            assert resp.status in (200, 201), body
+            return body
+
+    async def get(self, service: str, path: str) -> Any:
+        assert self.http is not None
+        async with self.http.get(self.url(service) + path) as resp:
+            return await resp.json()
+
+
+TIMINGS = {
+    "reconcile_interval": 0.3,
+    "readiness_probe_interval": 0.05,
+    "park_grace_period": 2,
+    "demand_refresh_interval": 0.5,
+    "activity_report_interval": 0.2,
+    "command_retry": 2,
+    "load_timeout": 30,
+    "queue_timeout": 60,
+}
+
+
+async def _ready(url: str, task: asyncio.Task[None], limit: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + limit
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if task.done():
+                task.result()
+                raise RuntimeError(f"{url}: service stopped during start-up")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{url}/readyz not ready after {limit}s")
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_system(
+    *,
+    database_url: str,
+    nats_url: str,
+    state_dir: Path,
+    services: tuple[str, ...] = ("scheduler", "actuator", "proxy"),
+    **overrides: Any,
+) -> AsyncIterator[System]:
+    from flexinfer_actuator.main import serve as serve_actuator
+    from flexinfer_actuator.settings import ActuatorSettings
+    from flexinfer_proxy.main import serve as serve_proxy
+    from flexinfer_proxy.settings import ProxySettings
+    from flexinfer_scheduler.main import serve as serve_scheduler
+    from flexinfer_scheduler.settings import SchedulerSettings
+
+    common = {"nats_url": nats_url, "database_url": database_url, "bind_host": "127.0.0.1", **TIMINGS, **overrides}
+    factories: dict[str, tuple[str, Callable[..., Any], Callable[[Any, asyncio.Event], Coroutine[Any, Any, None]]]] = {
+        "scheduler": ("scheduler_port", SchedulerSettings, serve_scheduler),
+        "actuator": ("actuator_port", ActuatorSettings, serve_actuator),
+        "proxy": ("proxy_port", ProxySettings, serve_proxy),
+    }
+    system = System()
+    try:
+        for name in services:
+            port_field, settings_cls, serve = factories[name]
+            port = free_port()
+            extra: dict[str, Any] = {port_field: port}
+            if name == "actuator":
+                extra["state_dir"] = state_dir
+            if name == "proxy":
+                extra["instance_id"] = "proxy-test"
+            fields = getattr(settings_cls, "model_fields", {})
+            settings = settings_cls(**{k: v for k, v in {**common, **extra}.items() if k in fields})
+            stop = asyncio.Event()
+            task = asyncio.create_task(serve(settings, stop), name=f"service:{name}")
+            system.services[name] = Service(name, port, task, stop)
+            await _ready(system.url(name), task)
+        system.http = aiohttp.ClientSession()
+        yield system
+    finally:
+        if system.http is not None:
+            await system.http.close()
+        for name in reversed(list(system.services)):
+            service = system.services[name]
+            service.stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(service.task, timeout=30)
+
+
+def fake_model(
+    name: str, *, priority: int = 0, group: str = "gpu", startup_delay: float = 0.3, **spec: Any
+) -> dict[str, Any]:
+    """A Model manifest run by the fake model server."""
+    body: dict[str, Any] = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "gpu": {"shared": group, "priority": priority},
+            "local": {
+                "command": [
+                    "flexinfer-fake-model",
+                    "--port",
+                    "{port}",
+                    "--model",
+                    name,
+                    "--startup-delay",
+                    str(startup_delay),
+                    "--token-delay",
+                    "0.005",
+                ]
+            },
+            "endpoint": {"readinessPath": "/health"},
+        },
+    }
+    for key, value in spec.items():
+        body["spec"][key] = value
+    return body

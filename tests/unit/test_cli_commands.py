@@ -1,0 +1,389 @@
+"""The ``flexinfer`` commands against a fake admin API (one aiohttp app standing in for the scheduler, the lease
+manager and the proxy, run in a thread), and ``flexinfer demand`` against real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from typer.testing import CliRunner
+
+from flexinfer_cli.config import ModelRef
+from flexinfer_cli.demand import publish_demand
+from flexinfer_cli.main import app
+from flexinfer_common.embedded import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+HOMELAB = str(REPO / "examples" / "homelab.yaml")
+
+
+def error(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class FakeAdminApi:
+    """Just enough of CONTRACT section 4 to drive the CLI; records every /api/v1 request."""
+
+    token: str | None = None
+    requests: list[tuple[str, str, Any]] = field(default_factory=list)
+    models: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    url: str = ""
+
+    def app(self) -> web.Application:
+        @web.middleware
+        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path.startswith("/api/v1"):
+                body = await request.json() if request.can_read_body else None
+                self.requests.append((request.method, request.path, body))
+                if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+                    return error(401, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        def answer(payload: Any) -> Any:
+            async def handler(_: web.Request) -> web.Response:
+                return web.json_response(payload() if callable(payload) else payload)
+
+            return handler
+
+        application = web.Application(middlewares=[record])
+        application.router.add_get("/readyz", answer({"ready": True}))
+        application.router.add_get("/api/v1/models", self.list_models)
+        application.router.add_put("/api/v1/models/{ns}/{name}", self.put_model)
+        application.router.add_post("/api/v1/models/{ns}/{name}/promote", self.promote)
+        application.router.add_put("/api/v1/gpugroups/{name}", self.put_group)
+        application.router.add_get("/api/v1/groups", answer({"items": []}))
+        application.router.add_get("/api/v1/swaps", answer({"items": []}))
+        application.router.add_get("/api/v1/queues", self.queues)
+        application.router.add_get("/api/v1/leases", answer(lambda: {"items": list(self.leases.values())}))
+        application.router.add_post("/api/v1/leases", self.acquire)
+        application.router.add_get("/api/v1/leases/{name}", self.get_lease)
+        application.router.add_delete("/api/v1/leases/{name}", self.release)
+        application.router.add_post("/api/v1/leases/{name}/renew", self.renew)
+        return application
+
+    async def list_models(self, _: web.Request) -> web.Response:
+        return web.json_response({"items": list(self.models.values())})
+
+    async def put_model(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if request.match_info["name"] == "rejected":
+            detail = [{"loc": ["body", "spec", "gpu", "priority"], "msg": "Input should be a valid integer"}]
+            return web.json_response({"detail": detail}, status=422)
+        model = {**body, "status": {"phase": "Pending", "sharedGroup": {"state": "Parked"}}}
+        self.models[(request.match_info["ns"], request.match_info["name"])] = model
+        return web.json_response(model)
+
+    async def promote(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.models:
+            return error(404, f"model {key[0]}/{key[1]} not found")
+        return web.json_response({}, status=202)
+
+    async def put_group(self, request: web.Request) -> web.Response:
+        return web.json_response(await request.json())
+
+    async def queues(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"items": [{"namespace": "default", "model": "chat-large", "queued": 2, "oldestWaitSeconds": 3.5}]}
+        )
+
+    async def acquire(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        for lease in self.leases.values():
+            if lease["group"] == body["group"]:
+                return error(409, f"group {body['group']} is leased by {lease['name']} (owner {lease['owner']})")
+        name = body.get("name") or f"{body['owner']}-gpu-lease"
+        lease = {
+            "name": name,
+            "group": body["group"],
+            "owner": body["owner"],
+            "node": body.get("node"),
+            "ttlSeconds": body.get("ttlSeconds", 3600),
+            "acquiredAt": "2026-01-01T00:00:00Z",
+            "expiresAt": "2026-01-01T01:00:00Z",
+            "renewTime": "2026-01-01T00:00:00Z",
+        }
+        self.leases[name] = lease
+        return web.json_response(lease, status=201)
+
+    async def get_lease(self, request: web.Request) -> web.Response:
+        lease = self.leases.get(request.match_info["name"])
+        return web.json_response(lease) if lease else error(404, "lease not found")
+
+    async def release(self, request: web.Request) -> web.Response:
+        if self.leases.pop(request.match_info["name"], None) is None:
+            return error(404, f"lease {request.match_info['name']} not found")
+        return web.Response(status=204)
+
+    async def renew(self, request: web.Request) -> web.Response:
+        lease = self.leases.get(request.match_info["name"])
+        if lease is None:
+            return error(404, "lease not found")
+        lease["expiresAt"] = "2026-01-01T02:00:00Z"
+        return web.json_response(lease)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAdminApi]:
+    fake = FakeAdminApi()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    runner = web.AppRunner(fake.app())
+
+    async def serve() -> None:
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        fake.url = f"http://127.0.0.1:{port}"
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    assert ready.wait(10)
+    try:
+        yield fake
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def env_for(api: FakeAdminApi, **extra: str) -> dict[str, str]:
+    return {
+        "FLEXINFER_SCHEDULER_URL": api.url,
+        "FLEXINFER_LEASE_MANAGER_URL": api.url,
+        "FLEXINFER_PROXY_URL": api.url,
+        "FLEXINFER_ADMIN_TOKEN": "",
+        "FLEXINFER_NAMESPACE": "",
+        **extra,
+    }
+
+
+runner = CliRunner()
+
+
+def test_apply_puts_each_model_and_prints_it(api: FakeAdminApi) -> None:
+    result = runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["model/default/chat-small configured", "model/default/chat-large configured"]
+    assert [(method, path) for method, path, _ in api.requests] == [
+        ("PUT", "/api/v1/models/default/chat-small"),
+        ("PUT", "/api/v1/models/default/chat-large"),
+    ]
+    body = api.requests[0][2]
+    assert body["metadata"] == {"name": "chat-small", "namespace": "default"}
+    assert body["spec"]["gpu"] == {"shared": "homelab-gpu", "priority": 50, "swapCooldown": "20s"}
+
+
+def test_apply_uses_flexinfer_namespace_and_the_admin_token(api: FakeAdminApi) -> None:
+    api.token = "s3cret"
+    result = runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api, FLEXINFER_NAMESPACE="lab"))
+    assert result.exit_code == 1
+    assert "failed (401): missing or wrong bearer token" in result.stderr
+    env = env_for(api, FLEXINFER_NAMESPACE="lab", FLEXINFER_ADMIN_TOKEN="s3cret")
+    result = runner.invoke(app, ["apply", "-f", HOMELAB], env=env)
+    assert result.exit_code == 0, result.output
+    assert "model/lab/chat-small configured" in result.stdout
+
+
+def test_apply_group_and_lease_then_reapply_lease_is_unchanged(api: FakeAdminApi, tmp_path: Path) -> None:
+    manifest = tmp_path / "lease.yaml"
+    manifest.write_text(
+        """
+apiVersion: ai.flexinfer/v1alpha1
+kind: GPUGroup
+metadata: {name: lab-gpu}
+spec: {models: [{name: a}, {name: b}]}
+---
+apiVersion: ai.flexinfer/v1alpha1
+kind: GPULease
+metadata: {name: lora-lease}
+spec: {group: lab-gpu, owner: lora, ttlSeconds: 600}
+"""
+    )
+    first = runner.invoke(app, ["apply", "-f", str(manifest)], env=env_for(api))
+    assert first.exit_code == 0, first.output
+    assert first.stdout.splitlines() == ["gpugroup/lab-gpu configured", "gpulease/lora-lease created"]
+    again = runner.invoke(app, ["apply", "-f", str(manifest)], env=env_for(api))
+    assert again.exit_code == 0, again.output
+    assert again.stdout.splitlines() == ["gpugroup/lab-gpu configured", "gpulease/lora-lease unchanged"]
+
+
+def test_apply_api_rejection_is_printed_readably(api: FakeAdminApi, tmp_path: Path) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text("apiVersion: ai.flexinfer/v1alpha2\nkind: Model\nmetadata: {name: rejected}\n")
+    result = runner.invoke(app, ["apply", "-f", str(manifest)], env=env_for(api))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: scheduler: PUT /api/v1/models/default/rejected failed (422): "
+        "spec.gpu.priority: Input should be a valid integer"
+    )
+
+
+def test_apply_bad_manifest_exits_2_naming_the_field_and_sends_nothing(api: FakeAdminApi, tmp_path: Path) -> None:
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(Path(HOMELAB).read_text().replace("priority: 100", "priority: lots"))
+    result = runner.invoke(app, ["apply", "-f", str(manifest)], env=env_for(api))
+    assert result.exit_code == 2
+    assert "document 2" in result.stderr
+    assert "spec.gpu.priority" in result.stderr
+    assert api.requests == []
+
+
+def test_get_models_table_and_json(api: FakeAdminApi) -> None:
+    runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api))
+    table = runner.invoke(app, ["get", "models"], env=env_for(api))
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "NAMESPACE", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]
+    assert lines[1].split() == ["chat-small", "default", "homelab-gpu", "50", "Pending", "Parked", "<none>", "<none>"]
+    as_json = runner.invoke(app, ["get", "model", "-o", "json"], env=env_for(api))
+    assert as_json.exit_code == 0, as_json.output
+    assert [m["metadata"]["name"] for m in json.loads(as_json.stdout)["items"]] == ["chat-small", "chat-large"]
+
+
+def test_get_queues_from_the_proxy_and_empty_lists(api: FakeAdminApi) -> None:
+    queues = runner.invoke(app, ["get", "queues"], env=env_for(api))
+    assert queues.exit_code == 0, queues.output
+    assert queues.stdout.splitlines()[1].split() == ["default", "chat-large", "2", "3.5s"]
+    swaps = runner.invoke(app, ["get", "swaps"], env=env_for(api))
+    assert swaps.exit_code == 0
+    assert swaps.stdout == ""
+    assert "No swaps found." in swaps.stderr
+
+
+def test_get_unknown_kind_is_a_usage_error(api: FakeAdminApi) -> None:
+    result = runner.invoke(app, ["get", "pods"], env=env_for(api))
+    assert result.exit_code == 2
+    assert api.requests == []
+
+
+def test_promote(api: FakeAdminApi) -> None:
+    runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api))
+    ok = runner.invoke(app, ["promote", "default/chat-small"], env=env_for(api))
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.strip() == "model/default/chat-small promoted"
+    assert api.requests[-1][:2] == ("POST", "/api/v1/models/default/chat-small/promote")
+    missing = runner.invoke(app, ["promote", "ghost"], env=env_for(api))
+    assert missing.exit_code == 1
+    assert "scheduler: POST /api/v1/models/default/ghost/promote failed (404): model default/ghost not found" in (
+        missing.stderr
+    )
+    bad = runner.invoke(app, ["promote", "Not/A/Model"], env=env_for(api))
+    assert bad.exit_code == 2
+
+
+def test_lease_acquire_renew_release(api: FakeAdminApi) -> None:
+    acquired = runner.invoke(
+        app, ["lease", "acquire", "--group", "g", "--owner", "lora", "--node", "box", "--ttl", "600"], env=env_for(api)
+    )
+    assert acquired.exit_code == 0, acquired.output
+    assert acquired.stdout.strip() == (
+        "gpulease/lora-gpu-lease acquired (group g, owner lora, expires 2026-01-01T01:00:00Z)"
+    )
+    assert api.requests[-1] == (
+        "POST",
+        "/api/v1/leases",
+        {"group": "g", "owner": "lora", "node": "box", "ttlSeconds": 600},
+    )
+
+    held = runner.invoke(app, ["lease", "acquire", "--group", "g", "--owner", "other"], env=env_for(api))
+    assert held.exit_code == 1
+    assert "(409): group g is leased by lora-gpu-lease (owner lora)" in held.stderr
+
+    table = runner.invoke(app, ["get", "leases"], env=env_for(api))
+    assert table.stdout.splitlines()[1].split() == ["lora-gpu-lease", "g", "lora", "box", "2026-01-01T01:00:00Z"]
+
+    renewed = runner.invoke(app, ["lease", "renew", "lora-gpu-lease", "-o", "json"], env=env_for(api))
+    assert renewed.exit_code == 0, renewed.output
+    assert json.loads(renewed.stdout)["expiresAt"] == "2026-01-01T02:00:00Z"
+
+    released = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
+    assert released.exit_code == 0, released.output
+    assert released.stdout.strip() == "gpulease/lora-gpu-lease released"
+    gone = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
+    assert gone.exit_code == 1
+    assert "lease lora-gpu-lease not found" in gone.stderr
+
+
+def test_lease_ttl_below_minimum_is_a_usage_error(api: FakeAdminApi) -> None:
+    result = runner.invoke(app, ["lease", "acquire", "--group", "g", "--owner", "o", "--ttl", "10"], env=env_for(api))
+    assert result.exit_code == 2
+    assert api.requests == []
+
+
+def test_unreachable_service_names_it_and_suggests_up() -> None:
+    port = free_port()
+    result = runner.invoke(app, ["get", "leases"], env={"FLEXINFER_LEASE_MANAGER_URL": f"http://127.0.0.1:{port}"})
+    assert result.exit_code == 1
+    assert f"cannot reach the lease-manager at http://127.0.0.1:{port} (connection refused)" in result.stderr
+    assert "flexinfer up" in result.stderr
+
+
+def test_default_address_comes_from_the_port_variable() -> None:
+    port = free_port()
+    env = {"FLEXINFER_SCHEDULER_URL": "", "FLEXINFER_SCHEDULER_PORT": str(port)}
+    result = runner.invoke(app, ["get", "swaps"], env=env)
+    assert f"cannot reach the scheduler at http://127.0.0.1:{port}" in result.stderr
+
+
+def test_up_with_a_bad_manifest_starts_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(Path(HOMELAB).read_text().replace("swapCooldown: 20s", "swapCooldown: later", 1))
+    state = tmp_path / "state"
+    result = runner.invoke(app, ["up", "-f", str(manifest), "--state-dir", str(state)])
+    assert result.exit_code == 2
+    assert "spec.gpu.swapCooldown" in result.stderr
+    assert not state.exists()
+
+
+def test_up_with_a_bad_setting_names_the_variable(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    result = runner.invoke(
+        app, ["up", "--state-dir", str(state)], env={"FLEXINFER_QUEUE_MAX": "none", "FLEXINFER_DATABASE_URL": ""}
+    )
+    assert result.exit_code == 2
+    assert "FLEXINFER_QUEUE_MAX" in result.stderr
+    assert not state.exists()
+
+
+def test_demand_with_nats_unreachable() -> None:
+    port = free_port()
+    result = runner.invoke(app, ["demand", "chat"], env={"FLEXINFER_NATS_URL": f"nats://127.0.0.1:{port}"})
+    assert result.exit_code == 1
+    assert f"cannot reach NATS at nats://127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.integration
+async def test_demand_publishes_a_demand_message_the_scheduler_can_decode(bus: Any) -> None:
+    from flexinfer_common.bus import decode_demand
+    from flexinfer_common.subjects import DEMAND_STREAM
+
+    subject = await publish_demand(bus.url, ModelRef("lab", "chat.v2"), queued=3, source="test")
+    assert subject == "flexinfer.demand.lab.chat_v2"
+    sub = await bus.js.pull_subscribe(subject, durable="cli-test", stream=DEMAND_STREAM)
+    [msg] = await sub.fetch(1, timeout=5)
+    demand = decode_demand(msg.subject, msg.data)
+    assert (demand.namespace, demand.model, demand.queued, demand.source) == ("lab", "chat.v2", 3, "test")
+    assert demand.time is not None
+
+
+@pytest.mark.integration
+async def test_demand_without_the_flexinfer_streams_says_so(clean_nats: str) -> None:
+    from flexinfer_cli.client import CliError
+
+    with pytest.raises(CliError, match=r"no JetStream stream stores flexinfer\.demand\.default\.chat"):
+        await publish_demand(clean_nats, ModelRef("default", "chat"), queued=1, source="test")

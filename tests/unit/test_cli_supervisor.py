@@ -1,0 +1,223 @@
+"""The supervisor of ``flexinfer up``: back-off policy, restarts, ordered stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from flexinfer_cli.supervisor import ServiceSpec, Supervisor, describe_exit, next_backoff
+
+
+@pytest.mark.parametrize(
+    ("previous", "uptime", "expected"),
+    [
+        pytest.param(0.0, 0.1, 0.5, id="first-crash-waits-initial"),
+        pytest.param(0.5, 0.1, 1.0, id="second-crash-doubles"),
+        pytest.param(1.0, 2.0, 2.0, id="keeps-doubling"),
+        pytest.param(8.0, 5.0, 16.0, id="doubles-to-16"),
+        pytest.param(16.0, 5.0, 30.0, id="capped-at-30"),
+        pytest.param(30.0, 1.0, 30.0, id="stays-at-cap"),
+        pytest.param(30.0, 59.9, 30.0, id="just-under-reset-still-backs-off"),
+        pytest.param(30.0, 60.0, 0.5, id="up-60s-resets"),
+        pytest.param(4.0, 3600.0, 0.5, id="long-run-resets"),
+        pytest.param(0.1, 0.0, 0.5, id="below-initial-rounds-up"),
+    ],
+)
+def test_next_backoff(previous: float, uptime: float, expected: float) -> None:
+    assert next_backoff(previous, uptime) == expected
+
+
+def test_next_backoff_custom_bounds() -> None:
+    assert next_backoff(0.0, 0.0, initial=0.05, maximum=0.3, reset_after=1.0) == 0.05
+    assert next_backoff(0.2, 0.0, initial=0.05, maximum=0.3, reset_after=1.0) == 0.3
+    assert next_backoff(0.3, 1.0, initial=0.05, maximum=0.3, reset_after=1.0) == 0.05
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        pytest.param(0, "exit code 0", id="clean"),
+        pytest.param(3, "exit code 3", id="error"),
+        pytest.param(-signal.SIGKILL, "killed by SIGKILL", id="signal"),
+        pytest.param(None, "did not start", id="not-started"),
+    ],
+)
+def test_describe_exit(code: int | None, text: str) -> None:
+    assert describe_exit(code) == text
+
+
+def python(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", textwrap.dedent(code))
+
+
+async def wait_for(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.timeout(30)
+async def test_restarts_a_crashing_child_with_growing_delays_and_stops_a_long_running_one() -> None:
+    supervisor = Supervisor(
+        [
+            ServiceSpec("crasher", python("import sys; sys.exit(3)")),
+            ServiceSpec("sleeper", python("import time; time.sleep(60)")),
+        ],
+        initial_backoff=0.05,
+        max_backoff=0.4,
+        reset_after=60.0,
+        stop_timeout=5.0,
+    )
+    await supervisor.start()
+    sleeper = supervisor.pid("sleeper")
+    assert sleeper is not None
+    try:
+        await wait_for(lambda: len(supervisor.restarts) >= 5)
+    finally:
+        started = time.monotonic()
+        await supervisor.stop()
+        stop_took = time.monotonic() - started
+
+    delays = [restart.delay for restart in supervisor.restarts]
+    assert delays[:5] == [0.05, 0.1, 0.2, 0.4, 0.4]
+    assert all(r.service == "crasher" and r.returncode == 3 for r in supervisor.restarts)
+    assert supervisor.exits("crasher") == len(supervisor.restarts)
+    assert supervisor.last_exit("crasher") == "exit code 3"
+    # the long-running child answered SIGTERM at once: no restart, no wait for the kill timeout
+    assert supervisor.exits("sleeper") == 0
+    assert stop_took < 3.0
+    assert not alive(sleeper)
+    assert supervisor.pid("sleeper") is None
+
+
+@pytest.mark.timeout(30)
+async def test_no_restart_after_stop_even_during_back_off() -> None:
+    supervisor = Supervisor([ServiceSpec("crasher", python("pass"))], initial_backoff=5.0, max_backoff=5.0)
+    await supervisor.start()
+    await wait_for(lambda: len(supervisor.restarts) == 1)
+    started = time.monotonic()
+    await supervisor.stop()
+    assert time.monotonic() - started < 1.0  # the 5 s back-off was cut short
+    await asyncio.sleep(0.1)
+    assert len(supervisor.restarts) == 1
+    assert supervisor.pid("crasher") is None
+
+
+@pytest.mark.timeout(30)
+async def test_stop_kills_a_child_that_ignores_sigterm() -> None:
+    stubborn = python(
+        """
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    supervisor = Supervisor([ServiceSpec("stubborn", stubborn)], stop_timeout=0.5)
+    await supervisor.start()
+    pid = supervisor.pid("stubborn")
+    assert pid is not None
+    await asyncio.sleep(0.3)  # let it install its handler
+    started = time.monotonic()
+    await supervisor.stop()
+    assert 0.4 < time.monotonic() - started < 5.0
+    assert not alive(pid)
+
+
+@pytest.mark.timeout(30)
+async def test_stop_goes_in_the_given_order_one_service_at_a_time(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    child = python(
+        f"""
+        import signal, sys, time
+        name = sys.argv[1]
+        def stop(*_):
+            time.sleep(0.1)  # a later service must not be signalled before this one is gone
+            with open({str(journal)!r}, "a") as f:
+                f.write(name + "\\n")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(tmp_path)!r} + "/" + name + ".up", "w").close()
+        time.sleep(60)
+        """
+    )
+    names = ["scheduler", "actuator", "lease-manager", "proxy"]
+    supervisor = Supervisor([ServiceSpec(name, (*child, name)) for name in names])
+    await supervisor.start()
+    await wait_for(lambda: all((tmp_path / f"{name}.up").exists() for name in names))
+    await supervisor.stop(["proxy", "lease-manager", "scheduler", "actuator"])
+    assert journal.read_text().split() == ["proxy", "lease-manager", "scheduler", "actuator"]
+
+
+@pytest.mark.timeout(30)
+async def test_children_run_in_their_own_session_with_the_given_env() -> None:
+    probe = python(
+        """
+        import os, time
+        print(os.getsid(0) == os.getpid(), os.environ.get("FLEXINFER_PROBE"), flush=True)
+        time.sleep(60)
+        """
+    )
+    supervisor = Supervisor([ServiceSpec("probe", probe, env={**os.environ, "FLEXINFER_PROBE": "yes"})])
+    await supervisor.start()
+    pid = supervisor.pid("probe")
+    assert pid is not None
+    try:
+        assert os.getsid(pid) == pid  # a terminal Ctrl-C reaches the supervisor only
+        assert os.getpgid(pid) == pid
+    finally:
+        await supervisor.stop()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+async def test_children_die_with_the_supervisor_process(tmp_path: Path) -> None:
+    """A supervisor killed with SIGKILL leaves no service behind (PR_SET_PDEATHSIG)."""
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys, time
+        from pathlib import Path
+        from flexinfer_cli.supervisor import ServiceSpec, Supervisor
+
+        CHILD = "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+
+        async def main():
+            child = (sys.executable, "-c", CHILD)
+            supervisor = Supervisor([ServiceSpec("child", child)])
+            await supervisor.start()
+            await asyncio.sleep(60)
+
+        asyncio.run(main())
+        """
+    )
+    parent = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
+    try:
+        await wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        child_pid = int(pid_file.read_text())
+        assert alive(child_pid)
+    finally:
+        parent.kill()
+        await parent.wait()
+    await wait_for(lambda: not alive(child_pid), within=5.0)

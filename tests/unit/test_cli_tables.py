@@ -1,0 +1,244 @@
+"""``flexinfer get`` tables: columns from the admin API's JSON (CONTRACT section 4), kubectl-style layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flexinfer_cli.tables import (
+    Kind,
+    format_seconds,
+    group_row,
+    lease_row,
+    model_row,
+    parse_kind,
+    queue_row,
+    render_kind,
+    render_table,
+    swap_row,
+)
+
+
+def model(name: str = "chat", **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"gpu": {"shared": "homelab-gpu", "priority": 100}},
+        "status": status,
+    }
+
+
+def test_render_table_aligns_columns_three_spaces_apart() -> None:
+    text = render_table(("NAME", "PHASE"), [["chat-small", "Ready"], ["big", "Preempted"]])
+    assert text.splitlines() == [
+        "NAME         PHASE",
+        "chat-small   Ready",
+        "big          Preempted",
+    ]
+
+
+def test_render_table_has_no_trailing_spaces() -> None:
+    text = render_table(("A", "LONGER"), [["aaaaaa", ""]])
+    assert all(line == line.rstrip() for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        pytest.param(
+            model(
+                phase="Ready",
+                lastActiveTime="2026-01-02T03:04:05Z",
+                sharedGroup={"state": "Active", "queuePosition": 0},
+            ),
+            ["chat", "default", "homelab-gpu", "100", "Ready", "Active", "0", "2026-01-02T03:04:05Z"],
+            id="active-model",
+        ),
+        pytest.param(
+            model(phase="Pending"),
+            ["chat", "default", "homelab-gpu", "100", "Pending", "<none>", "<none>", "<none>"],
+            id="missing-values-print-none",
+        ),
+        pytest.param(
+            {"metadata": {"name": "solo", "namespace": "x"}, "spec": {}},
+            ["solo", "x", "<none>", "<none>", "<none>", "<none>", "<none>", "<none>"],
+            id="no-status-no-gpu",
+        ),
+    ],
+)
+def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
+    assert model_row(item) == expected
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        pytest.param(
+            {
+                "name": "homelab-gpu",
+                "policy": "v1alpha2",
+                "activeModel": {"namespace": "default", "name": "chat-large"},
+                "state": "Stable",
+                "cooldownRemainingSeconds": 95,
+                "lease": None,
+                "models": [],
+            },
+            ["homelab-gpu", "v1alpha2", "default/chat-large", "Stable", "1m35s", "<none>"],
+            id="active-in-cooldown",
+        ),
+        pytest.param(
+            {
+                "name": "g",
+                "policy": "v1alpha1",
+                "activeModel": None,
+                "state": "Leased",
+                "cooldownRemainingSeconds": 0,
+                "lease": {"name": "lora-lease", "owner": "lora", "expiresAt": "2026-01-01T00:00:00Z"},
+            },
+            ["g", "v1alpha1", "<none>", "Leased", "0s", "lora-lease"],
+            id="leased-no-active",
+        ),
+    ],
+)
+def test_group_row(item: dict[str, Any], expected: list[str]) -> None:
+    assert group_row(item) == expected
+
+
+def test_lease_row() -> None:
+    lease = {
+        "name": "qwen3-1p7b-lora-gpu-lease",
+        "group": "5930k-textgen",
+        "owner": "qwen3-1p7b-lora",
+        "node": None,
+        "ttlSeconds": 3600,
+        "expiresAt": "2026-06-20T12:00:00Z",
+    }
+    assert lease_row(lease) == [
+        "qwen3-1p7b-lora-gpu-lease",
+        "5930k-textgen",
+        "qwen3-1p7b-lora",
+        "<none>",
+        "2026-06-20T12:00:00Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        pytest.param(
+            {"namespace": "default", "model": "chat", "queued": 3, "oldestWaitSeconds": 12.34},
+            ["default", "chat", "3", "12.3s"],
+            id="seconds",
+        ),
+        pytest.param(
+            {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitMs": 250},
+            ["default", "chat", "1", "250ms"],
+            id="milliseconds",
+        ),
+        pytest.param(
+            {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": None},
+            ["default", "idle", "0", "-"],
+            id="empty-queue",
+        ),
+    ],
+)
+def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
+    assert queue_row(item) == expected
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        pytest.param(
+            {
+                "group": "homelab-gpu",
+                "fromModel": "default/chat-small",
+                "toModel": "default/chat-large",
+                "reason": "demand",
+                "startedAt": "2026-01-01T00:00:00Z",
+                "finishedAt": "2026-01-01T00:00:04.500Z",
+                "phases": {"draining": 0.2, "parking": 1.3, "loading": 3.0},
+            },
+            [
+                "homelab-gpu",
+                "default/chat-small",
+                "default/chat-large",
+                "demand",
+                "2026-01-01T00:00:00Z",
+                "4.5s",
+                "draining=200ms,parking=1.3s,loading=3s",
+            ],
+            id="finished-swap",
+        ),
+        pytest.param(
+            {
+                "group": "g",
+                "fromModel": None,
+                "toModel": {"namespace": "default", "name": "a"},
+                "reason": "initial",
+                "startedAt": "2026-01-01T00:00:00+00:00",
+                "finishedAt": None,
+                "phases": {},
+            },
+            ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00+00:00", "running", "<none>"],
+            id="running-initial-swap",
+        ),
+    ],
+)
+def test_swap_row(item: dict[str, Any], expected: list[str]) -> None:
+    assert swap_row(item) == expected
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        pytest.param(0.0451, "45ms", id="ms"),
+        pytest.param(2, "2s", id="whole-seconds"),
+        pytest.param(2.25, "2.2s", id="tenths"),
+        pytest.param(60, "1m", id="minute"),
+        pytest.param(3725, "1h2m5s", id="hours"),
+        pytest.param(None, "<none>", id="none"),
+        pytest.param("x", "<none>", id="not-a-number"),
+    ],
+)
+def test_format_seconds(seconds: Any, text: str) -> None:
+    assert format_seconds(seconds) == text
+
+
+def test_render_kind_models_header_and_empty() -> None:
+    text = render_kind(Kind.MODELS, {"items": [model(phase="Ready")]})
+    assert text is not None
+    assert text.splitlines()[0].split() == [
+        "NAME",
+        "NAMESPACE",
+        "SHARED",
+        "PRIORITY",
+        "PHASE",
+        "STATE",
+        "QUEUE",
+        "LAST_ACTIVE",
+    ]
+    assert render_kind(Kind.MODELS, {"items": []}) is None
+    assert render_kind(Kind.SWAPS, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        pytest.param("models", Kind.MODELS, id="plural"),
+        pytest.param("Model", Kind.MODELS, id="singular-any-case"),
+        pytest.param("gpugroups", Kind.GROUPS, id="crd-plural"),
+        pytest.param("gpulease", Kind.LEASES, id="crd-singular"),
+        pytest.param("queue", Kind.QUEUES, id="queue"),
+        pytest.param("swaps", Kind.SWAPS, id="swaps"),
+    ],
+)
+def test_parse_kind(text: str, kind: Kind) -> None:
+    assert parse_kind(text) is kind
+
+
+def test_parse_kind_unknown_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match="models, groups, leases, queues, swaps"):
+        parse_kind("pods")

@@ -249,8 +249,8 @@ class Scheduler:
         ]
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
-        await self.store.apply_plans(plans, now)
-        rows = {ModelKey(r.namespace, r.name): r for r in await self.store.models()}
+        await self.store.apply_plans(world, plans, now)
+        rows = world.models
         for plan in plans:
             await self._publish(plan, rows, now)
         await self._forget_deleted(set(rows))

@@ -5,7 +5,7 @@ record demand and actuator reports, and keep the admin API's manifests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +36,14 @@ class World:
 
     groups: list[GroupSnapshot]
     models: dict[ModelKey, ModelRow]
+    group_rows: dict[str, GroupRow]
+    by_name: dict[str, GroupSnapshot] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_name.update((g.name, g) for g in self.groups)
+
+    def group(self, name: str) -> GroupSnapshot | None:
+        return self.by_name.get(name)
 
 
 def _key(row: ModelRow) -> ModelKey:
@@ -148,7 +156,7 @@ class Store:
                     lease=leases.get(name),
                 )
             )
-        return World(snapshots, {_key(r): r for r in models}), leases_ok
+        return World(snapshots, {_key(r): r for r in models}, groups), leases_ok
 
     async def load_leases(self, now: datetime) -> dict[str, Lease]:
         async with self.sessions() as session:
@@ -156,49 +164,65 @@ class Store:
         return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at) for r in rows}
 
     # ---- applying a plan ---------------------------------------------------------------------------------
-    async def apply_plans(self, plans: Sequence[GroupPlan], now: datetime) -> None:
+    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
+        """Write what the plans changed, and only that, in one transaction (a quiet system writes nothing).
+
+        The rows in ``world.models`` are updated in place, so the caller publishes what was written.
+        """
         async with self.sessions.begin() as session:
             for plan in plans:
-                await self._apply(session, plan, now)
+                await self._apply(session, world, plan, now)
 
-    async def _apply(self, session: AsyncSession, plan: GroupPlan, now: datetime) -> None:
-        stmt = insert(GroupRow).values(
-            name=plan.group,
-            active_namespace=plan.active.namespace if plan.active else None,
-            active_name=plan.active.name if plan.active else None,
-            leader_since=plan.leader_since,
-            current_swap_id=plan.swap_id,
-            updated_at=now,
+    async def _apply(self, session: AsyncSession, world: World, plan: GroupPlan, now: datetime) -> None:
+        snapshot = world.group(plan.group)
+        before = (
+            (snapshot.active, snapshot.leader_since, snapshot.swap.id if snapshot.swap else None)
+            if snapshot is not None and world.group_rows.get(plan.group) is not None
+            else None
         )
-        await session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[GroupRow.name],
-                set_={
-                    "active_namespace": stmt.excluded.active_namespace,
-                    "active_name": stmt.excluded.active_name,
-                    "leader_since": stmt.excluded.leader_since,
-                    "current_swap_id": stmt.excluded.current_swap_id,
-                    "updated_at": now,
-                },
+        if before != (plan.active, plan.leader_since, plan.swap_id):
+            stmt = insert(GroupRow).values(
+                name=plan.group,
+                active_namespace=plan.active.namespace if plan.active else None,
+                active_name=plan.active.name if plan.active else None,
+                leader_since=plan.leader_since,
+                current_swap_id=plan.swap_id,
+                updated_at=now,
             )
-        )
-        for key, fields in plan.member_updates.items():
-            values = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
-            values["updated_at"] = now
             await session.execute(
-                update(ModelRow).where(ModelRow.namespace == key.namespace, ModelRow.name == key.name).values(**values)
+                stmt.on_conflict_do_update(
+                    index_elements=[GroupRow.name],
+                    set_={
+                        "active_namespace": stmt.excluded.active_namespace,
+                        "active_name": stmt.excluded.active_name,
+                        "leader_since": stmt.excluded.leader_since,
+                        "current_swap_id": stmt.excluded.current_swap_id,
+                        "updated_at": now,
+                    },
+                )
             )
-        for key, view in plan.statuses.items():
-            await session.execute(
-                update(ModelRow)
-                .where(ModelRow.namespace == key.namespace, ModelRow.name == key.name)
-                .values(
+        for key in set(plan.member_updates) | set(plan.statuses):
+            row = world.models.get(key)
+            if row is None:
+                continue
+            values = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.member_updates.get(key, {}).items()}
+            view = plan.statuses.get(key)
+            if view is not None:
+                values.update(
                     phase=view.phase.value,
                     shared_state=view.state.value,
                     queue_position=view.queue_position,
                     preempted_by=view.preempted_by,
                     message=view.message,
                 )
+            changed = {k: v for k, v in values.items() if getattr(row, k) != v}
+            if not changed:
+                continue
+            for k, v in changed.items():
+                setattr(row, k, v)
+            changed["updated_at"] = now
+            await session.execute(
+                update(ModelRow).where(ModelRow.namespace == key.namespace, ModelRow.name == key.name).values(**changed)
             )
         for u in plan.swap_updates:
             s = u.swap

@@ -21,8 +21,15 @@ $(CURDIR)/.tools/bin/uv:
 install: $(if $(findstring .tools,$(UV)),$(UV)) ## Create .venv with every package from the lock file (needs only Python 3.11+)
 	$(UV) sync --locked --python $(PYTHON)
 
+# The demo shortens the demand window (the seed's default is 2m) so a swap back happens within 20 s of the last
+# request; override with `make run FLEXINFER_SHARED_DEMAND_WINDOW=2m`.
+FLEXINFER_SHARED_DEMAND_WINDOW ?= 20s
+FLEXINFER_DEMAND_REFRESH_INTERVAL ?= 5s
+
 .PHONY: run
 run: install ## Run the whole system on this machine with two fake models sharing one GPU group
+	FLEXINFER_SHARED_DEMAND_WINDOW=$(FLEXINFER_SHARED_DEMAND_WINDOW) \
+	FLEXINFER_DEMAND_REFRESH_INTERVAL=$(FLEXINFER_DEMAND_REFRESH_INTERVAL) \
 	$(BIN)/flexinfer up -f $(EXAMPLE)
 
 .PHONY: test

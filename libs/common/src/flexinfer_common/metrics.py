@@ -35,6 +35,7 @@ ELECTION_DURATION = Histogram(
 GROUP_ACTIVE_MODEL = Gauge("flexinfer_group_active_model", "1 for the active model of a group", ["group", "model"])
 BAD_MESSAGES = Counter("flexinfer_bad_messages_total", "Bus messages rejected as malformed", ["subject"])
 LEASE_READ_ERRORS = Counter("flexinfer_lease_read_errors_total", "Lease reads that failed (election failed open)")
+SCHEDULER_LEADER = Gauge("flexinfer_scheduler_leader", "1 while this scheduler replica leads (holds the lock)")
 ACTUATOR_COMMANDS = Counter("flexinfer_actuator_commands_total", "Scale commands applied", ["action", "result"])
 
 

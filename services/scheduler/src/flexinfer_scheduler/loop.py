@@ -39,7 +39,14 @@ from flexinfer_common.messages import (
     SwapEvent,
     new_id,
 )
-from flexinfer_common.metrics import ELECTION_DURATION, GROUP_ACTIVE_MODEL, LEASE_READ_ERRORS, SWAP_DURATION, SWAPS
+from flexinfer_common.metrics import (
+    ELECTION_DURATION,
+    GROUP_ACTIVE_MODEL,
+    LEASE_READ_ERRORS,
+    SCHEDULER_LEADER,
+    SWAP_DURATION,
+    SWAPS,
+)
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import ModelKey
@@ -103,7 +110,17 @@ class Scheduler:
                     if not self.is_leader:
                         await _wait(stop, self.settings.reconcile_interval.total_seconds())
                         continue
-                    await self._become_leader()
+                    try:
+                        await self._become_leader()
+                    except Exception:
+                        log.exception("could not start leading (bus?); releasing the lock and retrying")
+                        await self._step_down()
+                        if lock_conn is not None:
+                            with contextlib.suppress(Exception):
+                                await lock_conn.close()
+                        lock_conn = None
+                        await _wait(stop, self.settings.reconcile_interval.total_seconds())
+                        continue
                 try:
                     await asyncio.wait_for(lock_conn.fetchval("SELECT 1"), timeout=5)  # type: ignore[union-attr]
                 except Exception as exc:
@@ -139,6 +156,7 @@ class Scheduler:
 
     async def _become_leader(self) -> None:
         log.info("leading: consuming the bus and running elections")
+        SCHEDULER_LEADER.set(1)
         self._routes.clear()  # publish every route once as the new leader
         self._statuses.clear()
         self._kv = await self.bus.routes()
@@ -171,6 +189,7 @@ class Scheduler:
         if self.is_leader:
             log.info("no longer leading")
         self.is_leader = False
+        SCHEDULER_LEADER.set(0)
         for consumer in self._consumers:
             await consumer.stop()
         self._consumers = []

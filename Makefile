@@ -49,6 +49,10 @@ verify: install ## Lint, format check, strict types, import contracts, migration
 	$(BIN)/python scripts/check_migrations.py
 	$(BIN)/python scripts/gen_events_doc.py --check
 
+.PHONY: chart-lint
+chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs and docker-compose.yml offline
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_charts.py
+
 .PHONY: docs
 docs: install ## Regenerate docs/events.md from the message schemas
 	$(BIN)/python scripts/gen_events_doc.py

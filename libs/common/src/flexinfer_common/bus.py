@@ -153,7 +153,9 @@ class Consumer(Generic[M]):
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
         while True:
             try:
-                batch = await sub.fetch(batch=256, timeout=1.0)
+                # One message per pull: nats-py's batched fetch, once a first message arrived, waits until the
+                # batch fills or the pull expires (a second here), which put up to a second on every event.
+                batch = await sub.fetch(batch=1, timeout=5.0)
             except TimeoutError:
                 continue
             except asyncio.CancelledError:

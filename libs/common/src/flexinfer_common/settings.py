@@ -61,6 +61,12 @@ class CommonSettings(BaseSettings):
     readiness_probe_interval: Duration = timedelta(milliseconds=200)
     load_timeout: Duration = timedelta(minutes=10)
 
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, value: object) -> object:
+        # FLEXINFER_ADMIN_TOKEN= (empty, as docker-compose passes an unset variable) means no token, not "".
+        return None if value == "" else value
+
     @field_validator("database_url")
     @classmethod
     def _async_driver(cls, value: str) -> str:

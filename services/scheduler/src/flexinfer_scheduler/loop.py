@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -32,7 +33,6 @@ from flexinfer_common.messages import (
     ModelStatus,
     ModelStatusUpdate,
     Route,
-    RuntimeSpec,
     RuntimeStatus,
     ScaleCommand,
     SharedGroupStatus,
@@ -55,19 +55,8 @@ from flexinfer_scheduler.settings import SchedulerSettings
 
 log = get_logger("flexinfer.scheduler")
 
-
-def runtime_spec(row: ModelRow) -> RuntimeSpec:
-    model = Model.model_validate(row.manifest)
-    return RuntimeSpec(
-        namespace=row.namespace,
-        name=row.name,
-        deployment=model.spec.deployment or row.name,
-        command=model.spec.local.command,
-        env=model.spec.local.env,
-        port=model.spec.endpoint.port,
-        readiness_path=model.spec.endpoint.readiness_path,
-        park_strategy=model.spec.gpu.park_strategy,
-    )
+# Groups per slice of the periodic reconcile (about 1,000 models: a few tens of milliseconds).
+RECONCILE_CHUNK = 100
 
 
 @dataclass
@@ -89,15 +78,23 @@ class Scheduler:
         )
         self.is_leader = False
         self._kick = asyncio.Event()
-        self._routes: dict[ModelKey, Route] = {}
-        self._statuses: dict[ModelKey, ModelStatus] = {}
+        self._dirty: set[str] = set()
+        self._full_pass_due = True
+        self._last_full_pass = 0.0
+        # what was last published per model, to publish only changes
+        self._routes: dict[ModelKey, tuple[Any, ...]] = {}
+        self._statuses: dict[ModelKey, tuple[Any, ...]] = {}
         self._active_metric: dict[str, str] = {}
         self._kv: Any = None
         self._consumers: list[Any] = []
         self._last_prune = 0.0
 
-    def kick(self) -> None:
-        """Ask for an election pass now (an event arrived, or the admin API changed something)."""
+    def kick(self, group: str | None = None) -> None:
+        """Ask for an election pass now: of one group (an event named it) or of every group (``None``)."""
+        if group is None:
+            self._full_pass_due = True
+        else:
+            self._dirty.add(group)
         self._kick.set()
 
     # ---- leadership --------------------------------------------------------------------------------------
@@ -128,10 +125,19 @@ class Scheduler:
                     await self._step_down()
                     lock_conn = None
                     continue
+                full = self._full_pass_due or (
+                    time.monotonic() - self._last_full_pass >= self.settings.reconcile_interval.total_seconds()
+                )
+                self._full_pass_due = False
                 try:
-                    await self.election_pass()
+                    if full:
+                        await self.reconcile()
+                        self._last_full_pass = time.monotonic()
+                    else:
+                        await self._pass_dirty()
                 except Exception:
                     log.exception("election pass failed; retrying at the next tick")
+                    self._full_pass_due = True
                 await self._wait_for_kick(stop)
         finally:
             await self._step_down()
@@ -212,7 +218,7 @@ class Scheduler:
     async def on_demand(self, demand: Demand, delivery: Delivery) -> None:
         now = self.clock.now()
         when = min(demand.time, now) if demand.time else now
-        recorded = await self.store.record_demand(
+        group = await self.store.record_demand(
             namespace=demand.namespace,
             name=demand.model,
             source=demand.source,
@@ -220,8 +226,8 @@ class Scheduler:
             when=when,
             message_id=delivery.message_id,
         )
-        if recorded:
-            self.kick()
+        if group is not None:
+            self.kick(group)
         else:
             log.info(
                 "demand ignored (unknown model or repeated message)",
@@ -229,7 +235,7 @@ class Scheduler:
             )
 
     async def on_runtime_status(self, status: RuntimeStatus, _: Delivery) -> None:
-        stored = await self.store.record_runtime(
+        group = await self.store.record_runtime(
             namespace=status.namespace,
             name=status.model,
             phase=status.phase.value,
@@ -238,8 +244,8 @@ class Scheduler:
             message=status.message,
             when=status.time,
         )
-        if stored:
-            self.kick()
+        if group is not None:
+            self.kick(group)
         else:
             log.debug("stale runtime status ignored", extra={"model": f"{status.namespace}/{status.model}"})
 
@@ -249,10 +255,30 @@ class Scheduler:
         self.kick()
 
     # ---- one pass ----------------------------------------------------------------------------------------
-    async def election_pass(self) -> PassResult:
+    async def _pass_dirty(self) -> None:
+        if self._dirty:
+            groups = set(self._dirty)
+            self._dirty.clear()
+            await self.election_pass(groups)
+
+    async def reconcile(self) -> None:
+        """The periodic full pass, in chunks of groups; groups an event touched meanwhile go first after each
+        chunk, so a large installation's reconcile does not hold up the reaction to a demand."""
+        names = await self.store.group_names()
+        for start in range(0, max(len(names), 1), RECONCILE_CHUNK):
+            await self._pass_dirty()
+            await self.election_pass(set(names[start : start + RECONCILE_CHUNK]))
+        await self._pass_dirty()
+        await self._forget_deleted(await self.store.model_keys())
+        if time.monotonic() - self._last_prune > 60:
+            self._last_prune = time.monotonic()
+            await self.store.prune(self.clock.now(), self.settings.prune_after)
+
+    async def election_pass(self, groups: set[str] | None = None) -> PassResult:
+        """Elect and apply for every group, or only for ``groups`` (those an event touched)."""
         started = time.perf_counter()
         now = self.clock.now()
-        world, leases_ok = await self.store.load_world(now, self.settings.shared_demand_window)
+        world, leases_ok = await self.store.load_world(now, self.settings.shared_demand_window, groups)
         if not leases_ok:
             LEASE_READ_ERRORS.inc()
             log.warning("lease read failed; electing as if unleased (fail open toward serving)")
@@ -270,12 +296,9 @@ class Scheduler:
         ELECTION_DURATION.observe(elapsed)
         await self.store.apply_plans(world, plans, now)
         rows = world.models
-        for plan in plans:
-            await self._publish(plan, rows, now)
-        await self._forget_deleted(set(rows))
-        if time.monotonic() - self._last_prune > 60:
-            self._last_prune = time.monotonic()
-            await self.store.prune(now, self.settings.prune_after)
+        await _bounded_gather([self._publish(plan, rows, now) for plan in plans])
+        if groups is None:
+            await self._forget_deleted(set(rows))
         return PassResult(plans, elapsed)
 
     async def _publish(self, plan: GroupPlan, rows: dict[ModelKey, ModelRow], now: datetime) -> None:
@@ -350,7 +373,7 @@ class Scheduler:
             action=command.action,
             generation=command.generation,
             swap_id=command.swap_id,
-            runtime=runtime_spec(row),
+            runtime=self.store.spec_facts(row).runtime(row.namespace, row.name),
             issued_at=now,
         )
         log.info(
@@ -369,37 +392,56 @@ class Scheduler:
         )
 
     async def _publish_route(self, key: ModelKey, group: str, row: ModelRow, view: StatusView, now: datetime) -> None:
-        model = Model.model_validate(row.manifest)
+        facts = self.store.spec_facts(row)
+        ready = view.ready and row.desired_action == ScaleAction.ACTIVATE.value
+        fields = (
+            None if group.startswith("solo.") else group,
+            row.priority,
+            facts.service_labels,
+            view.phase,
+            view.state,
+            ready,
+            row.endpoint if ready else None,
+            view.failure,
+            row.command_generation,
+        )
+        if self._routes.get(key) == fields:
+            return  # write only what changed: a quiet system publishes nothing
         route = Route(
             namespace=key.namespace,
             name=key.name,
-            group=None if group.startswith("solo.") else group,
+            group=fields[0],
             priority=row.priority,
-            service_labels=model.spec.service_labels,
+            service_labels=list(facts.service_labels),
             phase=view.phase,
             state=view.state,
-            ready=view.ready and row.desired_action == ScaleAction.ACTIVATE.value,
-            endpoint=row.endpoint if view.ready else None,
+            ready=ready,
+            endpoint=fields[6],
             failure=view.failure,
             generation=row.command_generation,
             updated_at=now,
         )
-        previous = self._routes.get(key)
-        if previous is not None and previous.model_copy(update={"updated_at": now}) == route:
-            return
         try:
             await self._kv.put(subjects.route_key(key.namespace, key.name), route.to_bytes())
-            self._routes[key] = route
+            self._routes[key] = fields
         except Exception as exc:
             log.warning("route publish failed; retrying next pass", extra={"model": str(key), "error": repr(exc)})
 
     async def _publish_status(self, key: ModelKey, row: ModelRow, now: datetime) -> None:
-        status = model_status(row)
-        if self._statuses.get(key) == status:
+        fields = (
+            row.phase,
+            row.last_active_time,
+            row.shared_state,
+            row.queue_position,
+            row.preempted_at,
+            row.preempted_by,
+            row.message,
+        )
+        if self._statuses.get(key) == fields:
             return
-        update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
+        update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=model_status(row), time=now)
         await self._safe_publish(subjects.model_status_subject(key.namespace, key.name), update, None)
-        self._statuses[key] = status
+        self._statuses[key] = fields
 
     async def _forget_deleted(self, present: set[ModelKey]) -> None:
         for key in [k for k in self._routes if k not in present]:
@@ -414,7 +456,7 @@ class Scheduler:
         leader's to change."""
         if self._kv is None:
             self._kv = await self.bus.routes()
-        model = Model.model_validate(row.manifest)
+        model = Model.model_validate(row.manifest)  # a fresh row from the admin API, manifest loaded
         route = Route(
             namespace=row.namespace,
             name=row.name,
@@ -460,6 +502,17 @@ def model_status(row: ModelRow) -> ModelStatus:
         preempted_by=row.preempted_by,
         message=row.message,
     )
+
+
+async def _bounded_gather(coroutines: list[Coroutine[Any, Any, None]], limit: int = 64) -> None:
+    """Run publishes concurrently (JetStream acks pipeline), at most ``limit`` at a time."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(coroutine: Coroutine[Any, Any, None]) -> None:
+        async with semaphore:
+            await coroutine
+
+    await asyncio.gather(*(one(c) for c in coroutines))
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

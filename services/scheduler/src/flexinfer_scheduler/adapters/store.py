@@ -7,15 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Table, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import defer
 
 from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
 from flexinfer_common.manifests import GPUGroup, Model
+from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
 
@@ -50,17 +52,55 @@ def _key(row: ModelRow) -> ModelKey:
     return ModelKey(row.namespace, row.name)
 
 
-def member_from_row(row: ModelRow, queued: int) -> Member:
-    model = Model.model_validate(row.manifest)
+@dataclass(frozen=True)
+class SpecFacts:
+    """What the election reads from a Model's spec (parsed once per spec generation, not once per pass)."""
+
+    swap_cooldown: timedelta | None
+    idle_timeout: timedelta | None
+    force_promotion: bool
+    service_labels: tuple[str, ...]
+
+    model: Model
+
+    def runtime(self, namespace: str, name: str) -> RuntimeSpec:
+        """What the actuator needs to run the model."""
+        spec = self.model.spec
+        return RuntimeSpec(
+            namespace=namespace,
+            name=name,
+            deployment=spec.deployment or name,
+            command=spec.local.command,
+            env=spec.local.env,
+            port=spec.endpoint.port,
+            readiness_path=spec.endpoint.readiness_path,
+            park_strategy=spec.gpu.park_strategy,
+        )
+
+
+def spec_facts(manifest: dict[str, Any]) -> SpecFacts:
+    model = Model.model_validate(manifest)
+    spec = model.spec
+    return SpecFacts(
+        spec.gpu.swap_cooldown,
+        spec.serverless.idle_timeout,
+        spec.gpu.force_promotion,
+        tuple(spec.service_labels),
+        model,
+    )
+
+
+def member_from_row(row: ModelRow, queued: int, facts: SpecFacts | None = None) -> Member:
+    facts = facts or spec_facts(row.manifest)
     return Member(
         key=_key(row),
         priority=row.priority,
         last_active_time=row.last_active_time,
         preempted_at=row.preempted_at,
         preempted_by=row.preempted_by,
-        swap_cooldown=model.spec.gpu.swap_cooldown,
-        idle_timeout=model.spec.serverless.idle_timeout,
-        force_promotion=model.spec.gpu.force_promotion,
+        swap_cooldown=facts.swap_cooldown,
+        idle_timeout=facts.idle_timeout,
+        force_promotion=facts.force_promotion,
         promoted_at=row.promoted_at,
         runtime=row.runtime_phase,
         runtime_generation=row.runtime_generation,
@@ -111,23 +151,58 @@ class LeaseReadError(Exception):
 class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
+        self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
+
+    def spec_facts(self, row: ModelRow) -> SpecFacts:
+        """The parsed spec of a row loaded by ``load_world`` (cached per spec generation)."""
+        cached = self._facts.get(_key(row))
+        if cached is None or cached[0] != row.spec_generation:
+            raise LookupError(f"spec of {row.namespace}/{row.name} generation {row.spec_generation} not loaded")
+        return cached[1]
+
+    async def _load_specs(self, session: AsyncSession, rows: Sequence[ModelRow]) -> None:
+        """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read
+        on every pass: at 10,000 models decoding it was a fifth of a pass)."""
+        stale = [r for r in rows if self._facts.get(_key(r), (None,))[0] != r.spec_generation]
+        for start in range(0, len(stale), 1000):
+            chunk = stale[start : start + 1000]
+            keys = [(r.namespace, r.name) for r in chunk]
+            result = await session.execute(
+                select(ModelRow.namespace, ModelRow.name, ModelRow.spec_generation, ModelRow.manifest).where(
+                    tuple_(ModelRow.namespace, ModelRow.name).in_(keys)
+                )
+            )
+            for namespace, name, generation, manifest in result:
+                self._facts[ModelKey(namespace, name)] = (generation, spec_facts(manifest))
 
     # ---- the election's snapshot -------------------------------------------------------------------------
-    async def load_world(self, now: datetime, demand_window: timedelta) -> tuple[World, bool]:
-        """Load every group. Returns (world, leases_ok): a lease read error fails open (no leases)."""
+    async def load_world(
+        self, now: datetime, demand_window: timedelta, groups_only: set[str] | None = None
+    ) -> tuple[World, bool]:
+        """Load every group, or only ``groups_only`` (an event touched them). Returns (world, leases_ok): a
+        lease read error fails open (no leases)."""
+        model_query = select(ModelRow).options(defer(ModelRow.manifest, raiseload=True))
+        group_query = select(GroupRow)
+        swap_query = select(SwapRow).where(SwapRow.phase.in_(ACTIVE_SWAP_PHASES))
+        demand_query = (
+            select(DemandSignalRow.namespace, DemandSignalRow.name, func.sum(DemandSignalRow.queued))
+            .where(DemandSignalRow.time >= now - demand_window)
+            .group_by(DemandSignalRow.namespace, DemandSignalRow.name)
+        )
+        if groups_only is not None:
+            names = sorted(groups_only)
+            model_query = model_query.where(ModelRow.group_name.in_(names))
+            group_query = group_query.where(GroupRow.name.in_(names))
+            swap_query = swap_query.where(SwapRow.group_name.in_(names))
+            demand_query = demand_query.join(
+                ModelRow, (ModelRow.namespace == DemandSignalRow.namespace) & (ModelRow.name == DemandSignalRow.name)
+            ).where(ModelRow.group_name.in_(names))
         async with self.sessions() as session:
-            models = list((await session.scalars(select(ModelRow))).all())
-            groups = {g.name: g for g in (await session.scalars(select(GroupRow))).all()}
-            swaps = {
-                s.group_name: s
-                for s in (await session.scalars(select(SwapRow).where(SwapRow.phase.in_(ACTIVE_SWAP_PHASES)))).all()
-            }
-            queued_rows = await session.execute(
-                select(DemandSignalRow.namespace, DemandSignalRow.name, func.sum(DemandSignalRow.queued))
-                .where(DemandSignalRow.time >= now - demand_window)
-                .group_by(DemandSignalRow.namespace, DemandSignalRow.name)
-            )
-            queued = {ModelKey(ns, name): int(total or 0) for ns, name, total in queued_rows}
+            models = list((await session.scalars(model_query)).all())
+            await self._load_specs(session, models)
+            groups = {g.name: g for g in (await session.scalars(group_query)).all()}
+            swaps = {s.group_name: s for s in (await session.scalars(swap_query)).all()}
+            queued = {ModelKey(ns, name): int(total or 0) for ns, name, total in await session.execute(demand_query)}
         leases_ok = True
         try:
             leases = await self.load_leases(now)
@@ -145,7 +220,9 @@ class Store:
             snapshots.append(
                 GroupSnapshot(
                     name=name,
-                    members=tuple(member_from_row(r, queued.get(_key(r), 0)) for r in by_group.get(name, [])),
+                    members=tuple(
+                        member_from_row(r, queued.get(_key(r), 0), self.spec_facts(r)) for r in by_group.get(name, [])
+                    ),
                     policy=policy,
                     v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
                     active=ModelKey(group.active_namespace, group.active_name)
@@ -158,6 +235,16 @@ class Store:
             )
         return World(snapshots, {_key(r): r for r in models}, groups), leases_ok
 
+    async def group_names(self) -> list[str]:
+        async with self.sessions() as session:
+            names = set((await session.scalars(select(ModelRow.group_name).distinct())).all())
+            names |= set((await session.scalars(select(GroupRow.name))).all())
+        return sorted(n for n in names if n)
+
+    async def model_keys(self) -> set[ModelKey]:
+        async with self.sessions() as session:
+            return {ModelKey(ns, name) for ns, name in await session.execute(select(ModelRow.namespace, ModelRow.name))}
+
     async def load_leases(self, now: datetime) -> dict[str, Lease]:
         async with self.sessions() as session:
             rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
@@ -167,97 +254,118 @@ class Store:
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
         """Write what the plans changed, and only that, in one transaction (a quiet system writes nothing).
 
-        The rows in ``world.models`` are updated in place, so the caller publishes what was written.
+        Rows are written in bulk (one executemany per statement shape). The rows in ``world.models`` are
+        updated in place, so the caller publishes what was written.
         """
-        async with self.sessions.begin() as session:
-            for plan in plans:
-                await self._apply(session, world, plan, now)
-
-    async def _apply(self, session: AsyncSession, world: World, plan: GroupPlan, now: datetime) -> None:
-        snapshot = world.group(plan.group)
-        before = (
-            (snapshot.active, snapshot.leader_since, snapshot.swap.id if snapshot.swap else None)
-            if snapshot is not None and world.group_rows.get(plan.group) is not None
-            else None
-        )
-        if before != (plan.active, plan.leader_since, plan.swap_id):
-            stmt = insert(GroupRow).values(
-                name=plan.group,
-                active_namespace=plan.active.namespace if plan.active else None,
-                active_name=plan.active.name if plan.active else None,
-                leader_since=plan.leader_since,
-                current_swap_id=plan.swap_id,
-                updated_at=now,
+        group_values: list[dict[str, Any]] = []
+        model_values: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        swap_values: list[dict[str, Any]] = []
+        for plan in plans:
+            snapshot = world.group(plan.group)
+            before = (
+                (snapshot.active, snapshot.leader_since, snapshot.swap.id if snapshot.swap else None)
+                if snapshot is not None and plan.group in world.group_rows
+                else None
             )
-            await session.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[GroupRow.name],
-                    set_={
-                        "active_namespace": stmt.excluded.active_namespace,
-                        "active_name": stmt.excluded.active_name,
-                        "leader_since": stmt.excluded.leader_since,
-                        "current_swap_id": stmt.excluded.current_swap_id,
+            if before != (plan.active, plan.leader_since, plan.swap_id):
+                group_values.append(
+                    {
+                        "name": plan.group,
+                        "active_namespace": plan.active.namespace if plan.active else None,
+                        "active_name": plan.active.name if plan.active else None,
+                        "leader_since": plan.leader_since,
+                        "current_swap_id": plan.swap_id,
                         "updated_at": now,
-                    },
+                    }
                 )
-            )
-        for key in set(plan.member_updates) | set(plan.statuses):
-            row = world.models.get(key)
-            if row is None:
-                continue
-            values = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.member_updates.get(key, {}).items()}
-            view = plan.statuses.get(key)
-            if view is not None:
-                values.update(
-                    phase=view.phase.value,
-                    shared_state=view.state.value,
-                    queue_position=view.queue_position,
-                    preempted_by=view.preempted_by,
-                    message=view.message,
+            for key in set(plan.member_updates) | set(plan.statuses):
+                row = world.models.get(key)
+                if row is None:
+                    continue
+                values = {k: getattr(v, "value", v) for k, v in plan.member_updates.get(key, {}).items()}
+                view = plan.statuses.get(key)
+                if view is not None:
+                    values.update(
+                        phase=view.phase.value,
+                        shared_state=view.state.value,
+                        queue_position=view.queue_position,
+                        preempted_by=view.preempted_by,
+                        message=view.message,
+                    )
+                changed = {k: v for k, v in values.items() if getattr(row, k) != v}
+                if not changed:
+                    continue
+                for k, v in changed.items():
+                    setattr(row, k, v)
+                changed.update(updated_at=now, b_namespace=key.namespace, b_name=key.name)
+                model_values.setdefault(tuple(sorted(changed)), []).append(changed)
+            for u in plan.swap_updates:
+                sw = u.swap
+                swap_values.append(
+                    {
+                        "id": sw.id,
+                        "group_name": plan.group,
+                        "from_namespace": sw.from_model.namespace if sw.from_model else None,
+                        "from_name": sw.from_model.name if sw.from_model else None,
+                        "to_namespace": sw.to_model.namespace if sw.to_model else None,
+                        "to_name": sw.to_model.name if sw.to_model else None,
+                        "reason": sw.reason.value,
+                        "phase": sw.phase.value,
+                        "started_at": sw.started_at,
+                        "phase_started_at": sw.phase_started_at,
+                        "phases": sw.phases,
+                        "finished_at": u.finished_at,
+                        "message": u.message,
+                    }
                 )
-            changed = {k: v for k, v in values.items() if getattr(row, k) != v}
-            if not changed:
-                continue
-            for k, v in changed.items():
-                setattr(row, k, v)
-            changed["updated_at"] = now
-            await session.execute(
-                update(ModelRow).where(ModelRow.namespace == key.namespace, ModelRow.name == key.name).values(**changed)
-            )
-        for u in plan.swap_updates:
-            s = u.swap
-            values = {
-                "group_name": plan.group,
-                "from_namespace": s.from_model.namespace if s.from_model else None,
-                "from_name": s.from_model.name if s.from_model else None,
-                "to_namespace": s.to_model.namespace if s.to_model else None,
-                "to_name": s.to_model.name if s.to_model else None,
-                "reason": s.reason.value,
-                "phase": s.phase.value,
-                "started_at": s.started_at,
-                "phase_started_at": s.phase_started_at,
-                "phases": s.phases,
-                "finished_at": u.finished_at,
-                "message": u.message,
-            }
-            ins = insert(SwapRow).values(id=s.id, **values)
-            await session.execute(ins.on_conflict_do_update(index_elements=[SwapRow.id], set_=values))
+        if not (group_values or model_values or swap_values):
+            return
+        async with self.sessions.begin() as session:
+            if group_values:
+                stmt = insert(GroupRow)
+                await session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[GroupRow.name],
+                        set_={c: stmt.excluded[c] for c in group_values[0] if c != "name"},
+                    ),
+                    group_values,
+                )
+            table = cast(Table, ModelRow.__table__)
+            conn = await session.connection()
+            for columns, rows in model_values.items():
+                by_key = (
+                    update(table)
+                    .where(table.c.namespace == bindparam("b_namespace"), table.c.name == bindparam("b_name"))
+                    .values({c: bindparam(c) for c in columns if not c.startswith("b_")})
+                )
+                await conn.execute(by_key, rows)
+            if swap_values:
+                stmt = insert(SwapRow)
+                await session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[SwapRow.id],
+                        set_={c: stmt.excluded[c] for c in swap_values[0] if c != "id"},
+                    ),
+                    swap_values,
+                )
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(
         self, *, namespace: str, name: str, source: str, queued: int, when: datetime, message_id: str
-    ) -> bool:
-        """Refresh lastActiveTime (never backwards) and this source's queued count. False if unknown/duplicate."""
+    ) -> str | None:
+        """Refresh lastActiveTime (never backwards) and this source's queued count. Returns the model's group,
+        or None when the model is unknown or the message was seen already."""
         async with self.sessions.begin() as session:
             if not await self._first_time(session, message_id):
-                return False
-            result = await session.execute(
+                return None
+            group: str | None = await session.scalar(
                 update(ModelRow)
                 .where(ModelRow.namespace == namespace, ModelRow.name == name)
                 .values(last_active_time=func.greatest(func.coalesce(ModelRow.last_active_time, when), when))
+                .returning(ModelRow.group_name)
             )
-            if not result.rowcount:  # type: ignore[attr-defined]
-                return False
+            if group is None:
+                return None
             stmt = insert(DemandSignalRow).values(
                 namespace=namespace, name=name, source=source, queued=queued, time=when
             )
@@ -268,7 +376,7 @@ class Store:
                     where=DemandSignalRow.time <= when,
                 )
             )
-            return True
+            return group
 
     async def record_runtime(
         self,
@@ -280,8 +388,9 @@ class Store:
         endpoint: str | None,
         message: str,
         when: datetime,
-    ) -> bool:
-        """Store an actuator report unless it answers an older command than the last one seen."""
+    ) -> str | None:
+        """Store an actuator report unless it answers an older command than the last one seen. Returns the
+        model's group when stored."""
         async with self.sessions.begin() as session:
             values: dict[str, Any] = {
                 "runtime_phase": phase,
@@ -290,7 +399,7 @@ class Store:
                 "endpoint": endpoint,
             }
             values["runtime_message"] = message
-            result = await session.execute(
+            group: str | None = await session.scalar(
                 update(ModelRow)
                 .where(
                     ModelRow.namespace == namespace,
@@ -299,8 +408,9 @@ class Store:
                     ModelRow.command_generation >= generation,
                 )
                 .values(**values)
+                .returning(ModelRow.group_name)
             )
-            return bool(result.rowcount)  # type: ignore[attr-defined]
+            return group
 
     async def forget_runtime(self) -> int:
         """An actuator restarted: what it ran is unknown until it reports again; re-issue every command."""
@@ -339,8 +449,7 @@ class Store:
                 row.spec_generation += 1
             row.priority = model.spec.gpu.priority
             row.updated_at = now
-            await session.flush()
-            await self._recompute_membership(session)
+            await self._assign_group(session, row)
             await session.flush()
             await session.refresh(row)
             return row, created
@@ -380,13 +489,29 @@ class Store:
             await self._recompute_membership(session)
             return True
 
-    async def _recompute_membership(self, session: AsyncSession) -> None:
-        """A model belongs to ``spec.gpu.shared``'s group, or to the GPUGroup that lists it (with its priority)."""
+    async def _listed(self, session: AsyncSession) -> dict[ModelKey, tuple[str, int]]:
+        """Models listed by a v1alpha1 GPUGroup: their group and the priority the group gives them."""
         listed: dict[ModelKey, tuple[str, int]] = {}
         for g in (await session.scalars(select(GroupRow).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value))).all():
             if g.manifest:
                 for m in GPUGroup.model_validate(g.manifest).spec.models:
                     listed[ModelKey(m.namespace or "default", m.name)] = (g.name, m.priority)
+        return listed
+
+    async def _assign_group(self, session: AsyncSession, row: ModelRow) -> None:
+        """One model's group: ``spec.gpu.shared``, or the GPUGroup that lists it, or a group of its own."""
+        spec = Model.model_validate(row.manifest).spec
+        group, priority = spec.gpu.shared, spec.gpu.priority
+        if group is None:
+            listed = await self._listed(session)
+            if _key(row) in listed:
+                group, priority = listed[_key(row)]
+        row.group_name = group or solo_group(_key(row))
+        row.priority = priority
+
+    async def _recompute_membership(self, session: AsyncSession) -> None:
+        """After a GPUGroup changed: every model's group and priority again."""
+        listed = await self._listed(session)
         for row in (await session.scalars(select(ModelRow))).all():
             spec = Model.model_validate(row.manifest).spec
             group, priority = spec.gpu.shared, spec.gpu.priority

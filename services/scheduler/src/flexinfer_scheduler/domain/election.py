@@ -12,8 +12,9 @@ forcePromotion / a promote call; then members that may not run are left out: one
 that failed to load, until a request or demand names it again (``lastActiveTime`` after the park or failure).
 
 v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests over the threshold, seen
-within the hysteresis window) sorted by priority descending; the incumbent keeps the GPU for its minimum run
-duration and while a preemption cooldown runs, and is parked when idle past the idle timeout.
+within the hysteresis window) sorted by priority descending, a busy incumbent among them; the incumbent keeps the
+GPU for its minimum run duration, a preempted model may not return within the cooldown after preemption, and an
+incumbent idle past the idle timeout is parked.
 """
 
 from __future__ import annotations
@@ -159,10 +160,14 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
 def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alpha1Policy) -> Election:
     """The v1alpha1 GPUGroup election. Pure: reads only its arguments.
 
-    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold and
-    the demand was seen within the hysteresis window. Demanded members sort by priority descending; the first wins,
-    unless the incumbent is protected: it has run less than the minimum run duration, or a preemption cooldown runs.
-    An incumbent idle past the idle timeout is parked.
+    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold and the
+    demand was seen within the hysteresis window. The seed encodes the priority gate in the sort order: demanded
+    members sort by priority descending, and a busy incumbent (demanded itself, or serving a request within the
+    hysteresis window: its requests are forwarded, not queued) takes part in that sort and wins ties, so a
+    lower-priority model waits for it to go idle while a higher-priority one takes the GPU. A swap away from the
+    incumbent waits for its minimum run duration (the v1alpha1 swap cooldown) and, when the winner itself was
+    preempted, for the cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent
+    idle past the idle timeout is parked.
     """
     if lease_is_active(snapshot.lease, now):
         assert snapshot.lease is not None
@@ -176,31 +181,35 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     active = snapshot.member(snapshot.active)
     incumbent = active if active is not None and active in candidates else None
 
+    def seen_within_hysteresis(m: Member) -> bool:
+        return m.last_active_time is not None and now - m.last_active_time <= policy.hysteresis_window
+
     demanded = sorted(
-        (
-            m
-            for m in candidates
-            if m.queued >= policy.request_queue_threshold
-            and m.last_active_time is not None
-            and now - m.last_active_time <= policy.hysteresis_window
-        ),
+        (m for m in candidates if m.queued >= policy.request_queue_threshold and seen_within_hysteresis(m)),
         key=rank,
     )
-    if incumbent is not None:
-        if snapshot.leader_since is not None and now - snapshot.leader_since < policy.minimum_run_duration:
-            return Election(incumbent.key, ElectionReason.MINIMUM_RUN, expired)
-        if cooldown_remaining(snapshot, now, ElectionParams()) > timedelta(0):
-            return Election(incumbent.key, ElectionReason.COOLDOWN, expired)
-        if incumbent in demanded or not demanded:
-            return Election(incumbent.key, ElectionReason.READY, expired)
-        return Election(demanded[0].key, ElectionReason.DEMAND, expired)
-    if demanded:
-        return Election(demanded[0].key, ElectionReason.DEMAND, expired)
-    # Nothing demanded and nobody active: a member with any demand at all gets the GPU rather than nobody.
-    waiting = best(m for m in candidates if m.queued > 0)
-    if waiting is not None:
-        return Election(waiting.key, ElectionReason.DEMAND, expired)
-    return Election(None, ElectionReason.NO_CANDIDATE, expired)
+    if incumbent is None:
+        if demanded:
+            return Election(demanded[0].key, ElectionReason.DEMAND, expired)
+        # Nothing demanded and nobody active: a member with any demand at all gets the GPU rather than nobody.
+        waiting = best(m for m in candidates if m.queued > 0)
+        if waiting is not None:
+            return Election(waiting.key, ElectionReason.DEMAND, expired)
+        return Election(None, ElectionReason.NO_CANDIDATE, expired)
+
+    busy = incumbent in demanded or seen_within_hysteresis(incumbent)
+    contenders = sorted(
+        [*demanded, *([incumbent] if busy and incumbent not in demanded else [])],
+        key=lambda m: (-m.priority, m.key != incumbent.key, rank(m)),
+    )
+    if not contenders or contenders[0].key == incumbent.key:
+        return Election(incumbent.key, ElectionReason.READY, expired)
+    winner = contenders[0]
+    if snapshot.leader_since is not None and now - snapshot.leader_since < policy.minimum_run_duration:
+        return Election(incumbent.key, ElectionReason.MINIMUM_RUN, expired)
+    if winner.preempted_at is not None and now - winner.preempted_at < policy.cooldown_after_preemption:
+        return Election(incumbent.key, ElectionReason.COOLDOWN, expired)
+    return Election(winner.key, ElectionReason.DEMAND, expired)
 
 
 def elect(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:

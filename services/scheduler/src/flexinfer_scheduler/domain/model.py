@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SwapPhase, SwapReason
 
 
-@dataclass(frozen=True, order=True)
-class ModelKey:
+class ModelKey(NamedTuple):
+    """``namespace/name`` (a tuple: cheap to build and hash, which the election does tens of thousands of times)."""
+
     namespace: str
     name: str
 
@@ -20,7 +22,9 @@ class ModelKey:
 # The actuator has not confirmed this model's state since it (re)started: not safe to assume it is parked.
 RUNTIME_UNKNOWN = "Unknown"
 
-LOADED_RUNTIME = {RuntimePhase.LOADING.value, RuntimePhase.READY.value}
+# An activated model whose runtime is unknown (the actuator restarted) still holds the GPU slot: it is re-activated,
+# not replaced, so an actuator restart never hands the GPU to a model the priority gate would have kept waiting.
+LOADED_RUNTIME = {RuntimePhase.LOADING.value, RuntimePhase.READY.value, RUNTIME_UNKNOWN}
 PARKED_RUNTIME = {None, RuntimePhase.PARKED.value, RuntimePhase.FAILED.value}
 
 
@@ -54,8 +58,11 @@ class Member:
 
     @property
     def runtime_confirmed(self) -> bool:
-        """The last report answers the last command (a stale report says nothing about the present)."""
-        return self.desired_action is None or self.runtime_generation >= self.command_generation
+        """The last report answers the last command (a stale report says nothing about the present, and after an
+        actuator restart nothing is known until it reports again, so the command is re-issued)."""
+        if self.desired_action is None:
+            return True
+        return self.runtime != RUNTIME_UNKNOWN and self.runtime_generation >= self.command_generation
 
     @property
     def loaded(self) -> bool:

@@ -23,7 +23,7 @@ from flexinfer_scheduler.domain.election import (
     is_eligible,
     rank,
 )
-from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey, Swap
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, Swap
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,37 @@ def _swap_reason(election: Election, previous: ModelKey | None) -> SwapReason:
     return SwapReason.FALLBACK
 
 
+def _load_failed(m: Member) -> bool:
+    """The member's current activate ended Failed before it was ever seen Ready, and that is recorded already."""
+    return m.failed_at is not None and m.command_issued_at is not None and m.failed_at >= m.command_issued_at
+
+
+def _runtime_lost(m: Member) -> bool:
+    """The runtime of the member's current activate is gone (Failed): it was Ready and crashed, or it failed to load."""
+    return m.desired_action == ScaleAction.ACTIVATE and m.runtime == RuntimePhase.FAILED and m.runtime_confirmed
+
+
+def _needs_restart(m: Member) -> bool:
+    """An elected member whose runtime is gone gets a fresh activate (as Kubernetes restarts a crashed pod) when it
+    crashed after it was Ready, or when it failed to load but was asked for (or promoted) again since."""
+    if not _runtime_lost(m):
+        return False
+    if not _load_failed(m):
+        return True
+    assert m.failed_at is not None
+    return is_eligible(m) or (m.promoted_at is not None and m.promoted_at > m.failed_at)
+
+
 def _note_failures(snapshot: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, dict[ModelKey, dict[str, Any]]]:
-    """A member whose current activate command ended Failed is marked failed (left out until asked for again)."""
+    """A member whose current activate command ended Failed before it was Ready is marked failed (left out until
+    asked for again, so a model that cannot load is not restarted in a loop and its queue learns why). A model
+    that crashed after it was Ready is not: it stays electable and is restarted (the seed's rollout restart)."""
     updates: dict[ModelKey, dict[str, Any]] = {}
     members = []
     for m in snapshot.members:
         failed_now = (
-            m.desired_action == ScaleAction.ACTIVATE
-            and m.runtime == RuntimePhase.FAILED
-            and m.runtime_confirmed
+            _runtime_lost(m)
+            and m.ready_since is None
             and (m.failed_at is None or (m.command_issued_at is not None and m.failed_at < m.command_issued_at))
         )
         if failed_now:
@@ -173,17 +195,23 @@ def plan_group(
     commands: list[Command] = []
     for m in members:
         want = ScaleAction.ACTIVATE if m.key == leader else ScaleAction.PARK
-        if want == ScaleAction.ACTIVATE and m.desired_action != ScaleAction.ACTIVATE and not others_parked:
+        restart = want == ScaleAction.ACTIVATE and _needs_restart(m)
+        fresh = m.desired_action != want or restart
+        if want == ScaleAction.ACTIVATE and fresh and not others_parked:
             continue  # never two on one GPU: activate only once every other member is confirmed parked
         if want == ScaleAction.PARK and m.desired_action is None and m.runtime is None:
             continue  # never started: nothing to park
-        if m.desired_action != want:
+        if fresh:
             generation = m.command_generation + 1
             commands.append(Command(m.key, want, generation, swap_id))
             update(m.key, desired_action=want, command_generation=generation, command_issued_at=now)
         elif not m.runtime_confirmed and (m.command_issued_at is None or now - m.command_issued_at >= command_retry):
             commands.append(Command(m.key, want, m.command_generation, swap_id, reissue=True))
             update(m.key, command_issued_at=now)
+        else:
+            continue
+        if want == ScaleAction.ACTIVATE and m.ready_since is not None:
+            update(m.key, ready_since=None)  # a runtime started afresh has not been Ready yet
 
     leader_member = snapshot.member(leader)
     leader_ready = (
@@ -246,8 +274,10 @@ def _dedupe(updates: list[SwapUpdate]) -> list[SwapUpdate]:
 
 
 def _with_updates(snapshot: GroupSnapshot, updates: dict[ModelKey, dict[str, Any]]) -> GroupSnapshot:
+    if not updates:
+        return snapshot
     members = tuple(
-        dataclasses.replace(m, **{k: v for k, v in updates.get(m.key, {}).items() if hasattr(m, k)})
+        dataclasses.replace(m, **{k: v for k, v in updates[m.key].items() if hasattr(m, k)}) if m.key in updates else m
         for m in snapshot.members
     )
     return dataclasses.replace(snapshot, members=members)

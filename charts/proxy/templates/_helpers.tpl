@@ -1,0 +1,149 @@
+{{/*
+Helpers shared by the four FlexInfer service charts (proxy, scheduler, actuator, lease-manager).
+This file is identical in all four (tests/unit/test_charts.py checks it): Helm shares named templates between
+a parent chart and its subcharts, so the umbrella chart works only while every copy says the same thing.
+What differs per service comes from values (component, port, ...).
+*/}}
+
+{{- define "flexinfer.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "flexinfer.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "flexinfer.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flexinfer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "flexinfer.labels" -}}
+{{ include "flexinfer.selectorLabels" . }}
+app.kubernetes.io/component: {{ .Values.component }}
+app.kubernetes.io/part-of: flexinfer
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "flexinfer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "flexinfer.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* global.flexinfer from an umbrella chart, or an empty dict. */}}
+{{- define "flexinfer.global" -}}
+{{- $g := dict }}
+{{- if and .Values.global (kindIs "map" .Values.global) (kindIs "map" .Values.global.flexinfer) }}
+{{- $g = .Values.global.flexinfer }}
+{{- end }}
+{{- toYaml $g }}
+{{- end }}
+
+{{/* The image: this chart's values first, then global.flexinfer.image, then the chart's appVersion. */}}
+{{- define "flexinfer.image" -}}
+{{- $g := (include "flexinfer.global" . | fromYaml).image | default dict }}
+{{- $registry := coalesce .Values.image.registry $g.registry "" }}
+{{- $tag := coalesce .Values.image.tag $g.tag .Chart.AppVersion | toString }}
+{{- if $registry }}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .Values.image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+Connection settings (nats, database, adminToken), each a dict of url/value, existingSecret, existingSecretKey:
+this chart's values when they name anything, else global.flexinfer's. Rendered as YAML; use with fromYaml.
+*/}}
+{{- define "flexinfer.connections" -}}
+{{- $g := include "flexinfer.global" . | fromYaml }}
+{{- $out := dict }}
+{{- range $key := list "nats" "database" "adminToken" }}
+{{- $local := index $.Values $key | default dict }}
+{{- $global := index $g $key | default dict }}
+{{- if or $local.url $local.value $local.existingSecret }}
+{{- $_ := set $out $key $local }}
+{{- else if or $global.url $global.value $global.existingSecret }}
+{{- $_ := set $out $key (merge (dict) $global (pick $local "existingSecretKey")) }}
+{{- else }}
+{{- $_ := set $out $key $local }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* Non-empty when the chart's own Secret has something to hold. */}}
+{{- define "flexinfer.secretNeeded" -}}
+{{- include "flexinfer.secretData" . | trim }}
+{{- end }}
+
+{{/*
+The FLEXINFER_* connection variables. Call with (dict "ctx" $ "secretName" NAME): NAME is the Secret that holds
+values given inline (the chart's own Secret, or the migration hook's).
+*/}}
+{{- define "flexinfer.connectionEnv" -}}
+{{- $ := .ctx }}
+{{- $c := include "flexinfer.connections" $ | fromYaml }}
+{{- $nats := $c.nats }}
+- name: FLEXINFER_NATS_URL
+{{- if $nats.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $nats.existingSecret }}
+      key: {{ $nats.existingSecretKey | default "nats-url" }}
+{{- else }}
+  value: {{ $nats.url | default "nats://nats:4222" | quote }}
+{{- end }}
+{{- if hasKey $.Values "database" }}
+{{- $db := $c.database }}
+- name: FLEXINFER_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+{{- if $db.existingSecret }}
+      name: {{ $db.existingSecret }}
+      key: {{ $db.existingSecretKey | default "database-url" }}
+{{- else }}
+      name: {{ .secretName }}
+      key: database-url
+{{- end }}
+{{- end }}
+{{- $token := $c.adminToken }}
+{{- if $token.existingSecret }}
+- name: FLEXINFER_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $token.existingSecret }}
+      key: {{ $token.existingSecretKey | default "admin-token" }}
+{{- else if $token.value }}
+- name: FLEXINFER_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: admin-token
+{{- end }}
+{{- end }}
+
+{{/* The data of a Secret holding the connection values given inline. */}}
+{{- define "flexinfer.secretData" -}}
+{{- $c := include "flexinfer.connections" . | fromYaml }}
+{{- if and (hasKey .Values "database") (not $c.database.existingSecret) }}
+database-url: {{ $c.database.url | default "postgresql://flexinfer@postgres:5432/flexinfer" | b64enc | quote }}
+{{- end }}
+{{- if and $c.adminToken.value (not $c.adminToken.existingSecret) }}
+admin-token: {{ $c.adminToken.value | toString | b64enc | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,889 @@
+"""Deployment files: the Helm charts under charts/, the CRDs, docker-compose.yml and the Dockerfiles.
+
+Offline and without a cluster: Helm's own lint and template engine run in-process (helm-python-sdk bundles Helm's
+Go SDK as a shared library in its wheel), every rendered object is validated against the Kubernetes 1.30 OpenAPI
+schemas in strict mode (kubernetes-validate ships them), the CRDs' schemas are checked field by field against the
+pydantic manifests of flexinfer_common.manifests, and docker-compose.yml against the compose-spec schema that
+check-jsonschema vendors.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+import json
+import re
+import shutil
+import types
+from datetime import datetime, timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from flexinfer_common import manifests
+from flexinfer_common.durations import parse_duration
+from flexinfer_common.manifests import ManifestError, parse_resource
+from flexinfer_common.messages import ModelStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+CHARTS = ROOT / "charts"
+KUBERNETES_VERSION = "1.30.0"
+RELEASE = "flexinfer"
+NAMESPACE = "flexinfer-system"
+
+# service chart -> (port, python module)
+SERVICES = {
+    "proxy": (8080, "flexinfer_proxy"),
+    "scheduler": (8081, "flexinfer_scheduler"),
+    "lease-manager": (8082, "flexinfer_lease_manager"),
+    "actuator": (8083, "flexinfer_actuator"),
+}
+# Templates that must be byte-identical in the four service charts (Helm shares named templates between an
+# umbrella chart and its subcharts, so diverging copies would silently override each other).
+SHARED_TEMPLATES = [
+    "_helpers.tpl",
+    "deployment.yaml",
+    "service.yaml",
+    "serviceaccount.yaml",
+    "secret.yaml",
+    "servicemonitor.yaml",
+    "poddisruptionbudget.yaml",
+    "NOTES.txt",
+]
+# Values that switch every optional part on, to render and validate those too.
+EVERYTHING_ON: dict[str, Any] = {
+    "adminToken": {"value": "s3cret"},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+    "podDisruptionBudget": {"enabled": True},
+    "env": {"FLEXINFER_QUEUE_MAX": 10, "FLEXINFER_RECONCILE_INTERVAL": "3s"},
+    "extraEnv": [{"name": "HTTP_PROXY", "value": "http://squid:3128"}],
+    "podAnnotations": {"example.com/team": "ml"},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "service": {"type": "NodePort", "nodePort": 30080},
+    "image": {"registry": "registry.example.com/flexinfer", "tag": "1.2.3"},
+}
+EXISTING_SECRETS: dict[str, Any] = {
+    "nats": {"existingSecret": "flexinfer-nats", "existingSecretKey": "url"},
+    "database": {"existingSecret": "flexinfer-db", "existingSecretKey": "url"},
+    "adminToken": {"existingSecret": "flexinfer-admin"},
+}
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+@functools.cache
+def _render_cached(chart: str, values_json: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+    values = json.loads(values_json)
+    with helm.Chart.load(chart) as loaded:
+        rendered = loaded.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    documents = []
+    for source, text in sorted(rendered.items()):
+        if source.endswith("NOTES.txt"):
+            continue
+        for document in yaml.safe_load_all(text):
+            if document:
+                documents.append((source, document))
+    return tuple(documents)
+
+
+def render(chart: str | Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`helm template` of a chart: the objects it renders (hooks included), as dicts."""
+    return [copy.deepcopy(doc) for _, doc in _render_cached(str(chart), json.dumps(values or {}, sort_keys=True))]
+
+
+def objects(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = objects(documents, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def release_secret(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chart's own Secret (not the scheduler's migration hook Secret)."""
+    return one([d for d in documents if "helm.sh/hook" not in d["metadata"].get("annotations", {})], "Secret")
+
+
+def validate_kubernetes(document: dict[str, Any]) -> None:
+    """Strict validation against the Kubernetes OpenAPI schema; a short message naming the object on failure."""
+    where = f"{document.get('kind')}/{document.get('metadata', {}).get('name')}"
+    problem = None
+    try:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:  # its str() holds the whole schema: keep the gist
+        problem = f"{'.'.join(str(p) for p in exc.absolute_path)}: {exc.message[:300]}"
+    if problem:
+        pytest.fail(f"{where} is not valid Kubernetes {KUBERNETES_VERSION}: {problem}")
+
+
+def deployment_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    entries = container.get("env", [])
+    names = [entry["name"] for entry in entries]
+    assert len(names) == len(set(names)), f"duplicate env names: {names}"
+    return {entry["name"]: entry for entry in entries}
+
+
+def port_env(chart: str) -> str:
+    return "FLEXINFER_" + chart.upper().replace("-", "_") + "_PORT"
+
+
+@pytest.fixture(scope="module")
+def umbrella(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """charts/flexinfer with its file:// dependencies resolved (`helm dependency update`) in a scratch copy."""
+    copied = tmp_path_factory.mktemp("charts") / "charts"
+    shutil.copytree(CHARTS, copied, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
+    helm.dependency_update(copied / "flexinfer")
+    return copied / "flexinfer"
+
+
+# --------------------------------------------------------------------------------------------------- lint
+
+
+@pytest.mark.parametrize("chart", ["flexinfer-crds", *SERVICES])
+def test_helm_lint_strict(chart: str) -> None:
+    report = helm.lint(CHARTS / chart, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error; 1 is "icon is recommended"
+    assert not report["errors"] and not problems, report
+
+
+def test_helm_lint_umbrella(umbrella: Path) -> None:
+    report = helm.lint(umbrella, strict=True, kube_version=f"v{KUBERNETES_VERSION}", with_subcharts=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_charts_lint_with_every_option_on(chart: str) -> None:
+    for values in (EVERYTHING_ON, EXISTING_SECRETS):
+        report = helm.lint(CHARTS / chart, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+        assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
+
+
+# --------------------------------------------------------------------------------------------------- rendered objects
+
+
+@pytest.mark.parametrize("values", [{}, EVERYTHING_ON, EXISTING_SECRETS], ids=["defaults", "everything-on", "secrets"])
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_rendered_objects_are_valid_kubernetes(chart: str, values: dict[str, Any]) -> None:
+    documents = render(CHARTS / chart, values)
+    assert documents
+    for document in documents:
+        if document["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert document["kind"] == "ServiceMonitor"  # the Prometheus Operator's CRD: no schema here
+            continue
+        validate_kubernetes(document)
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_deployment_probes_ports_and_service(chart: str) -> None:
+    port = SERVICES[chart][0]
+    documents = render(CHARTS / chart)
+    container = deployment_container(documents)
+    assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert env_of(container)[port_env(chart)]["value"] == str(port)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+
+    service = one(documents, "Service")
+    assert service["spec"]["ports"][0]["port"] == port
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    pod_labels = one(documents, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert one(documents, "Deployment")["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_deployment_is_scraped_runs_non_root_and_shuts_down_gracefully(chart: str) -> None:
+    port = SERVICES[chart][0]
+    documents = render(CHARTS / chart)
+    pod = one(documents, "Deployment")["spec"]["template"]
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+    assert scrape.items() <= pod["metadata"]["annotations"].items()
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    container = spec["containers"][0]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert spec["terminationGracePeriodSeconds"] >= 30
+    assert spec["serviceAccountName"] == one(documents, "ServiceAccount")["metadata"]["name"]
+    assert container["image"] == f"flexinfer-{chart}:0.1.0"  # the chart's appVersion
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
+    needs_database = chart in {"scheduler", "lease-manager"}
+
+    documents = render(CHARTS / chart)
+    env = env_of(deployment_container(documents))
+    assert env["FLEXINFER_NATS_URL"]["value"] == "nats://nats:4222"
+    assert env["FLEXINFER_NAMESPACE"]["value"] == NAMESPACE
+    assert env["FLEXINFER_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "FLEXINFER_ADMIN_TOKEN" not in env
+    if needs_database:
+        ref = env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        secret = release_secret(documents)
+        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
+    else:
+        assert "FLEXINFER_DATABASE_URL" not in env
+        assert not objects(documents, "Secret")  # nothing to keep secret
+
+    # Inline values: the admin token and the database URL go to the chart's Secret, never into the pod spec.
+    documents = render(
+        CHARTS / chart, {"adminToken": {"value": "s3cret"}, "database": {"url": "postgresql://u:pw@db/f"}}
+    )
+    env = env_of(deployment_container(documents))
+    secret = release_secret(documents)
+    assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "admin-token",
+    }
+    assert "s3cret" not in json.dumps(one(documents, "Deployment"))
+    assert "checksum/secret" in one(documents, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+
+    # Existing Secrets.
+    env = env_of(deployment_container(render(CHARTS / chart, EXISTING_SECRETS)))
+    assert env["FLEXINFER_NATS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "flexinfer-nats", "key": "url"}
+    assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "flexinfer-admin",
+        "key": "admin-token",
+    }
+    if needs_database:
+        assert env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "flexinfer-db", "key": "url"}
+
+    # Extra settings, image, replicas.
+    documents = render(CHARTS / chart, {**EVERYTHING_ON, "replicaCount": 3})
+    container = deployment_container(documents)
+    assert env_of(container)["FLEXINFER_QUEUE_MAX"]["value"] == "10"
+    assert container["image"] == f"registry.example.com/flexinfer/flexinfer-{chart}:1.2.3"
+    assert one(documents, "Deployment")["spec"]["replicas"] == 3
+
+
+def test_service_charts_share_their_common_templates() -> None:
+    for name in SHARED_TEMPLATES:
+        texts = {chart: (CHARTS / chart / "templates" / name).read_text() for chart in SERVICES}
+        assert len(set(texts.values())) == 1, f"templates/{name} differs between {sorted(texts)}"
+    for chart in SERVICES:
+        values = yaml.safe_load((CHARTS / chart / "values.yaml").read_text())
+        assert values["component"] == chart
+        assert values["port"] == SERVICES[chart][0]
+
+
+# --------------------------------------------------------------------------------------------------- per service
+
+
+def _rules(role: dict[str, Any]) -> list[tuple[str, str, set[str]]]:
+    return [
+        (group, resource, set(rule["verbs"]))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    ]
+
+
+def _allows(role: dict[str, Any], group: str, resource: str, verbs: set[str]) -> bool:
+    granted: set[str] = set()
+    for g, r, v in _rules(role):
+        if g == group and r == resource:
+            granted |= v
+    return verbs <= granted
+
+
+def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
+    documents = render(CHARTS / "actuator")
+    env = env_of(deployment_container(documents))
+    assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
+    assert one(documents, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
+    role = one(documents, "ClusterRole")
+    read_write = {"get", "list", "watch", "patch", "update"}
+    assert _allows(role, "apps", "deployments", read_write)
+    assert _allows(role, "apps", "deployments/scale", read_write)
+    assert _allows(role, "", "pods", {"get", "list", "watch"})
+    assert _allows(role, "ai.flexinfer", "models", read_write)
+    assert _allows(role, "ai.flexinfer", "models/status", read_write)
+    assert _allows(role, "", "services", {"get", "list", "patch"})  # the ai.flexinfer/active-services annotation
+    assert not _allows(role, "", "secrets", {"get"})
+
+    binding = one(documents, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": one(documents, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+    namespaced = render(CHARTS / "actuator", {"rbac": {"clusterWide": False}, "backend": "local"})
+    assert not objects(namespaced, "ClusterRole")
+    assert one(namespaced, "Role")["metadata"]["namespace"] == NAMESPACE
+    assert one(namespaced, "RoleBinding")["roleRef"]["kind"] == "Role"
+    assert env_of(deployment_container(namespaced))["FLEXINFER_ACTUATOR"]["value"] == "local"
+
+
+def test_lease_manager_rbac_covers_leases_legacy_configmaps_caches_and_jobs() -> None:
+    documents = render(CHARTS / "lease-manager")
+    role = one(documents, "ClusterRole")
+    assert _allows(role, "ai.flexinfer", "gpuleases", {"get", "list", "watch", "create", "update", "patch", "delete"})
+    assert _allows(role, "ai.flexinfer", "gpuleases/status", {"update", "patch"})
+    assert _allows(role, "", "configmaps", {"get", "list", "watch"})
+    assert _allows(role, "ai.flexinfer", "modelcaches", {"get", "list", "watch"})
+    assert _allows(role, "batch", "jobs", {"get", "list", "watch"})
+    assert (
+        one(documents, "ClusterRoleBinding")["subjects"][0]["name"]
+        == one(documents, "ServiceAccount")["metadata"]["name"]
+    )
+
+
+def test_proxy_and_scheduler_need_no_kubernetes_api() -> None:
+    for chart in ("proxy", "scheduler"):
+        documents = render(CHARTS / chart)
+        assert not [d for d in documents if d["kind"] in {"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"}]
+        assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_scheduler_runs_migrations_in_a_pre_install_and_pre_upgrade_hook() -> None:
+    from flexinfer_common import db
+
+    assert callable(db.upgrade_database_sync)
+    documents = render(CHARTS / "scheduler")
+    job = one(documents, "Job")
+    hooks = set(job["metadata"]["annotations"]["helm.sh/hook"].split(","))
+    assert hooks == {"pre-install", "pre-upgrade"}
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == deployment_container(documents)["image"]
+    assert container["command"][:2] == ["python", "-c"]
+    assert "from flexinfer_common.db import upgrade_database_sync" in container["command"][2]
+    assert pod["restartPolicy"] == "Never"
+    # At pre-install the release's Secret and ServiceAccount do not exist yet: the Job uses a hook Secret of its own,
+    # created before it (lower weight), and no ServiceAccount of the release.
+    ref = env_of(container)["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    hook_secrets = [s for s in objects(documents, "Secret") if "helm.sh/hook" in s["metadata"].get("annotations", {})]
+    assert [s["metadata"]["name"] for s in hook_secrets] == [ref["name"]]
+    assert int(hook_secrets[0]["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"]
+    )
+    assert "serviceAccountName" not in pod
+    # The migration pod must not look like a scheduler pod to the Service.
+    selector = one(documents, "Service")["spec"]["selector"]
+    assert not selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+
+    existing = render(CHARTS / "scheduler", EXISTING_SECRETS)
+    job = one(existing, "Job")
+    assert env_of(job["spec"]["template"]["spec"]["containers"][0])["FLEXINFER_DATABASE_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "flexinfer-db", "key": "url"}
+    }
+    assert not objects(existing, "Secret")
+    assert not objects(render(CHARTS / "scheduler", {"migrations": {"enabled": False}}), "Job")
+
+
+# --------------------------------------------------------------------------------------------------- umbrella
+
+
+def test_umbrella_renders_everything_and_shares_global_settings(umbrella: Path) -> None:
+    values = {
+        "global": {
+            "flexinfer": {
+                "image": {"registry": "registry.example.com/fi", "tag": "9.9.9"},
+                "nats": {"url": "nats://nats.messaging:4222"},
+                "database": {"existingSecret": "pg-app"},
+                "adminToken": {"existingSecret": "flexinfer-admin"},
+            }
+        },
+        "proxy": {"nats": {"url": "nats://edge:4222"}},  # a subchart's own value wins over the global one
+    }
+    documents = render(umbrella, values)
+    for document in documents:
+        validate_kubernetes(document)
+    assert len(objects(documents, "CustomResourceDefinition")) == 4
+    deployments = {d["metadata"]["name"]: d for d in objects(documents, "Deployment")}
+    assert sorted(deployments) == sorted(f"{RELEASE}-{chart}" for chart in SERVICES)
+    for chart in SERVICES:
+        container = deployments[f"{RELEASE}-{chart}"]["spec"]["template"]["spec"]["containers"][0]
+        env = env_of(container)
+        assert container["image"] == f"registry.example.com/fi/flexinfer-{chart}:9.9.9"
+        expected_nats = "nats://edge:4222" if chart == "proxy" else "nats://nats.messaging:4222"
+        assert env["FLEXINFER_NATS_URL"]["value"] == expected_nats
+        assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "flexinfer-admin"
+        if chart in {"scheduler", "lease-manager"}:
+            assert env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": "pg-app",
+                "key": "database-url",
+            }
+    assert one(documents, "Job")["metadata"]["name"] == f"{RELEASE}-scheduler-migrations"
+
+    without_crds = render(umbrella, {"flexinfer-crds": {"enabled": False}, "actuator": {"enabled": False}})
+    assert not objects(without_crds, "CustomResourceDefinition")
+    assert len(objects(without_crds, "Deployment")) == 3
+
+
+# --------------------------------------------------------------------------------------------------- CRDs
+
+
+@pytest.fixture(scope="module")
+def crds() -> dict[str, dict[str, Any]]:
+    documents = render(CHARTS / "flexinfer-crds")
+    assert {d["kind"] for d in documents} == {"CustomResourceDefinition"}
+    return {d["spec"]["names"]["kind"]: d for d in documents}
+
+
+def _version(crd: dict[str, Any]) -> dict[str, Any]:
+    versions = crd["spec"]["versions"]
+    assert len(versions) == 1
+    return versions[0]
+
+
+def _schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = _version(crd)["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_crds_are_valid_kubernetes(crds: dict[str, dict[str, Any]]) -> None:
+    def untyped(node: dict[str, Any], path: str) -> list[str]:
+        # A structural schema (which the API server requires) names a type at every level.
+        found = [] if "type" in node else [path]
+        for name, child in node.get("properties", {}).items():
+            found += untyped(child, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                found += untyped(node[key], f"{path}.{key}")
+        return found
+
+    for crd in crds.values():
+        validate_kubernetes(crd)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert not untyped(_schema(crd), crd["spec"]["names"]["kind"])
+
+
+def test_crd_names_versions_and_subresources(crds: dict[str, dict[str, Any]]) -> None:
+    expected = {
+        "Model": ("models", "v1alpha2"),
+        "GPUGroup": ("gpugroups", "v1alpha1"),
+        "GPULease": ("gpuleases", "v1alpha1"),
+        "ModelCache": ("modelcaches", "v1alpha1"),
+    }
+    assert set(crds) == set(expected)
+    for kind, (plural, version) in expected.items():
+        crd = crds[kind]
+        assert crd["metadata"]["name"] == f"{plural}.{manifests.GROUP}"
+        assert crd["spec"]["group"] == manifests.GROUP == "ai.flexinfer"
+        assert crd["spec"]["scope"] == "Namespaced"
+        assert crd["spec"]["names"]["plural"] == plural
+        assert crd["spec"]["names"]["singular"] == kind.lower()
+        assert "flexinfer" in crd["spec"]["names"]["categories"]
+        served = _version(crd)
+        assert (served["name"], served["served"], served["storage"]) == (version, True, True)
+        assert served["subresources"] == {"status": {}}
+    assert manifests.V1ALPHA2 == "ai.flexinfer/v1alpha2" and manifests.V1ALPHA1 == "ai.flexinfer/v1alpha1"
+
+
+def test_crd_printer_columns(crds: dict[str, dict[str, Any]]) -> None:
+    def columns(kind: str) -> list[tuple[str, str, str]]:
+        return [(c["name"], c["jsonPath"], c["type"]) for c in _version(crds[kind])["additionalPrinterColumns"]]
+
+    # The seed's `kubectl get models -o custom-columns=NAME,SHARED,PRIORITY,PHASE,STATE,QUEUE,LAST_ACTIVE`.
+    assert columns("Model") == [
+        ("SHARED", ".spec.gpu.shared", "string"),
+        ("PRIORITY", ".spec.gpu.priority", "integer"),
+        ("PHASE", ".status.phase", "string"),
+        ("STATE", ".status.sharedGroup.state", "string"),
+        ("QUEUE", ".status.sharedGroup.queuePosition", "integer"),
+        ("LAST_ACTIVE", ".status.lastActiveTime", "date"),
+    ]
+    # `kubectl get gpuleases` prints NAME GROUP OWNER NODE EXPIRES. EXPIRES is a string: kubectl shows a future
+    # `date` as <invalid>.
+    assert columns("GPULease") == [
+        ("GROUP", ".spec.group", "string"),
+        ("OWNER", ".spec.owner", "string"),
+        ("NODE", ".spec.node", "string"),
+        ("EXPIRES", ".status.expiresAt", "string"),
+    ]
+
+
+def test_crds_chart_installs_only_the_crds_asked_for() -> None:
+    documents = render(CHARTS / "flexinfer-crds", {"modelCaches": False, "keep": False})
+    assert sorted(d["spec"]["names"]["kind"] for d in documents) == ["GPUGroup", "GPULease", "Model"]
+    assert all("helm.sh/resource-policy" not in d["metadata"].get("annotations", {}) for d in documents)
+
+
+# The CRD schemas against the pydantic manifests, field by field: names (camelCase aliases), types, enums,
+# minimums, required fields and defaults.
+
+
+def _strip(annotation: Any) -> Any:
+    """Drop Optional[...] and Annotated[...] around a type."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _compare_field(annotation: Any, field: Any, schema: dict[str, Any], path: str, problems: list[str]) -> None:
+    kind = _strip(annotation)
+    origin = get_origin(kind)
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        _compare_model(kind, schema, path, problems, check_defaults=not path.startswith("status"))
+        return
+    if origin is list:
+        if schema.get("type") != "array":
+            problems.append(f"{path}: expected an array, CRD says {schema.get('type')}")
+            return
+        _compare_field(get_args(kind)[0], None, schema["items"], f"{path}[]", problems)
+    elif origin is dict:
+        value_type = get_args(kind)[1]
+        if value_type is Any:
+            return  # free-form in pydantic too
+        if schema.get("type") != "object" or schema.get("additionalProperties", {}).get("type") != "string":
+            problems.append(f"{path}: expected a map of strings, CRD says {schema}")
+    elif origin is Literal:
+        if (schema.get("type"), sorted(schema.get("enum", []))) != ("string", sorted(get_args(kind))):
+            problems.append(f"{path}: expected enum {get_args(kind)}, CRD says {schema.get('enum')}")
+    elif isinstance(kind, type) and issubclass(kind, Enum):
+        expected = sorted(member.value for member in kind)
+        if (schema.get("type"), sorted(schema.get("enum", []))) != ("string", expected):
+            problems.append(f"{path}: expected enum {expected}, CRD says {schema.get('enum')}")
+    else:
+        expected_type = {bool: "boolean", int: "integer", str: "string", timedelta: "string", datetime: "string"}
+        if schema.get("type") != expected_type.get(kind):
+            problems.append(f"{path}: {kind} should be {expected_type.get(kind)}, CRD says {schema.get('type')}")
+        if kind is datetime and schema.get("format") != "date-time":
+            problems.append(f"{path}: a time should have format date-time")
+        if kind is timedelta and "pattern" not in schema:
+            problems.append(f"{path}: a duration should have the duration pattern")
+    if field is None:
+        return
+    for constraint in field.metadata:
+        for attribute, keyword in (("ge", "minimum"), ("le", "maximum")):
+            if hasattr(constraint, attribute) and schema.get(keyword) != getattr(constraint, attribute):
+                problems.append(
+                    f"{path}: {attribute}={getattr(constraint, attribute)} but CRD {keyword}={schema.get(keyword)}"
+                )
+        if hasattr(constraint, "min_length"):
+            keyword = "minItems" if schema.get("type") == "array" else "minLength"
+            if schema.get(keyword) != constraint.min_length:
+                problems.append(f"{path}: min_length={constraint.min_length} but CRD {keyword}={schema.get(keyword)}")
+
+
+def _compare_model(
+    model: type[BaseModel], schema: dict[str, Any], path: str, problems: list[str], *, check_defaults: bool
+) -> None:
+    if schema.get("type") != "object":
+        problems.append(f"{path}: expected an object")
+        return
+    properties = schema.get("properties", {})
+    aliases = {(field.alias or name): field for name, field in model.model_fields.items()}
+    if set(properties) != set(aliases):
+        problems.append(f"{path}: CRD fields {sorted(properties)} != pydantic fields {sorted(aliases)}")
+    required = {alias for alias, field in aliases.items() if field.is_required()}
+    if set(schema.get("required", [])) != required:
+        problems.append(f"{path}: CRD required {schema.get('required', [])} != pydantic required {sorted(required)}")
+    for alias, field in aliases.items():
+        if alias not in properties:
+            continue
+        child_path = f"{path}.{alias}" if path else alias
+        child = properties[alias]
+        _compare_field(field.annotation, field, child, child_path, problems)
+        if not check_defaults:
+            continue
+        if field.default_factory is not None:
+            produced = field.default_factory()  # type: ignore[call-arg]
+            has_defaults = isinstance(produced, BaseModel) and any(
+                f.default not in (None, PydanticUndefined) for f in type(produced).model_fields.values()
+            )
+            if has_defaults and child.get("default") != {}:
+                problems.append(f"{child_path}: needs default {{}} so that its own defaults apply")
+        elif field.default in (None, PydanticUndefined):
+            if "default" in child:
+                problems.append(f"{child_path}: pydantic has no default, CRD has {child['default']!r}")
+        else:
+            expected = field.default.value if isinstance(field.default, Enum) else field.default
+            if child.get("default") != expected:
+                problems.append(f"{child_path}: default {expected!r} but CRD has {child.get('default')!r}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "model"),
+    [
+        ("Model", manifests.Model),
+        ("GPUGroup", manifests.GPUGroup),
+        ("GPULease", manifests.GPULease),
+        ("ModelCache", manifests.ModelCache),
+    ],
+)
+def test_crd_schema_matches_the_pydantic_manifest(
+    crds: dict[str, dict[str, Any]], kind: str, model: type[BaseModel]
+) -> None:
+    schema = _schema(crds[kind])
+    assert set(schema["properties"]) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    problems: list[str] = []
+    spec_field = model.model_fields["spec"]
+    _compare_field(spec_field.annotation, None, schema["properties"]["spec"], "spec", problems)
+    if kind == "Model":
+        _compare_model(ModelStatus, schema["properties"]["status"], "status", problems, check_defaults=False)
+    assert not problems, "\n".join(problems)
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD schema as JSON Schema that rejects unknown fields where the API server would prune them."""
+    schema = copy.deepcopy(schema)
+
+    def visit(node: dict[str, Any]) -> None:
+        prunes = node.get("type") == "object" and not node.get("x-kubernetes-preserve-unknown-fields")
+        if prunes and "properties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for child in node.get("properties", {}).values():
+            visit(child)
+        if isinstance(node.get("items"), dict):
+            visit(node["items"])
+        if isinstance(node.get("additionalProperties"), dict):
+            visit(node["additionalProperties"])
+
+    visit(schema)
+    return schema
+
+
+SEED_LEASE = {
+    "apiVersion": "ai.flexinfer/v1alpha1",
+    "kind": "GPULease",
+    "metadata": {"name": "qwen3-1p7b-lora-gpu-lease"},
+    "spec": {"group": "5930k-textgen", "owner": "qwen3-1p7b-lora", "node": "cblevins-5930k", "ttlSeconds": 3600},
+    "status": {"acquiredAt": "2026-06-20T10:00:00Z", "expiresAt": "2026-06-20T11:00:00Z"},
+}
+SEED_CACHE = {
+    "apiVersion": "ai.flexinfer/v1alpha1",
+    "kind": "ModelCache",
+    "metadata": {"name": "qwen3-1p7b-lora"},
+    "spec": {
+        "source": "hf://Qwen/Qwen3-1.7B",  # the caching controller's fields are kept as written
+        "nodeSelector": {"kubernetes.io/hostname": "cblevins-5930k"},
+        "finetune": {"epochs": 3, "timeoutSeconds": 7200, "gpuLease": {"group": "5930k-textgen", "ttlSeconds": 3600}},
+    },
+}
+GROUP = {
+    "apiVersion": "ai.flexinfer/v1alpha1",
+    "kind": "GPUGroup",
+    "metadata": {"name": "textgen"},
+    "spec": {
+        "models": [{"name": "a", "priority": 10}, {"name": "b", "namespace": "ml"}],
+        "policy": {"drainTimeoutSeconds": 30},
+    },
+    "status": {"activeModel": "a", "queue": ["b"]},
+}
+MODEL = {
+    "apiVersion": "ai.flexinfer/v1alpha2",
+    "kind": "Model",
+    "metadata": {"name": "qwen3-8b", "namespace": "ml"},
+    "spec": {
+        "backend": "vllm",
+        "gpu": {"shared": "g", "priority": 100, "swapCooldown": "1h30m", "parkStrategy": "Sleep"},
+        "serverless": {"idleTimeout": "90"},
+        "serviceLabels": ["chat"],
+        "cache": {"strategy": "SharedPVC"},
+        "endpoint": {"port": 8000, "readinessPath": "/v1/models"},
+        "deployment": "qwen3-8b-vllm",
+    },
+    "status": {
+        "phase": "Ready",
+        "lastActiveTime": "2026-06-20T10:00:00Z",
+        "sharedGroup": {"state": "Active", "queuePosition": 0},
+        "preemptedBy": "gpu-lease/trainer",
+    },
+}
+
+
+def _with(document: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    *parents, last = path.split(".")
+    node = changed
+    for key in parents:
+        node = node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return changed
+
+
+_DELETE = object()
+INVALID = [
+    pytest.param(_with(SEED_LEASE, "spec.ttlSeconds", 30), id="lease-ttl-below-60"),
+    pytest.param(_with(SEED_LEASE, "spec.owner", _DELETE), id="lease-without-owner"),
+    pytest.param(_with(SEED_LEASE, "spec.group", ""), id="lease-empty-group"),
+    pytest.param(_with(MODEL, "spec.gpu.parkStrategy", "Hibernate"), id="model-bad-park-strategy"),
+    pytest.param(_with(MODEL, "spec.cache.strategy", "Disk"), id="model-bad-cache-strategy"),
+    pytest.param(_with(MODEL, "spec.endpoint.port", 0), id="model-port-0"),
+    pytest.param(_with(MODEL, "spec.gpu.swapCooldown", "5 minutes"), id="model-bad-duration"),
+    pytest.param(_with(MODEL, "status.phase", "Sleeping"), id="model-bad-phase"),
+    pytest.param(_with(GROUP, "spec.models", []), id="group-without-models"),
+    pytest.param(_with(GROUP, "spec.policy.requestQueueThreshold", 0), id="group-threshold-0"),
+    pytest.param(_with(SEED_CACHE, "spec.finetune.gpuLease.ttlSeconds", 59), id="cache-lease-ttl-below-60"),
+    pytest.param(_with(SEED_CACHE, "spec.finetune.gpuLease", {"ttlSeconds": 600}), id="cache-lease-without-group"),
+]
+
+
+def _examples() -> list[dict[str, Any]]:
+    documents = [d for path in sorted((ROOT / "examples").glob("*.yaml")) for d in yaml.safe_load_all(path.read_text())]
+    return [d for d in documents if isinstance(d, dict) and str(d.get("apiVersion", "")).startswith("ai.flexinfer/")]
+
+
+@pytest.mark.parametrize("document", [SEED_LEASE, SEED_CACHE, GROUP, MODEL], ids=["lease", "cache", "group", "model"])
+def test_valid_manifests_pass_both_the_crd_and_pydantic(
+    crds: dict[str, dict[str, Any]], document: dict[str, Any]
+) -> None:
+    parse_resource(document)
+    jsonschema.validate(document, _strict(_schema(crds[document["kind"]])))
+
+
+def test_examples_pass_the_crds(crds: dict[str, dict[str, Any]]) -> None:
+    examples = _examples()
+    assert examples, "examples/*.yaml has no FlexInfer manifests"
+    for document in examples:
+        parse_resource(document)
+        jsonschema.validate(document, _strict(_schema(crds[document["kind"]])))
+
+
+@pytest.mark.parametrize("document", INVALID)
+def test_invalid_manifests_fail_both_the_crd_and_pydantic(
+    crds: dict[str, dict[str, Any]], document: dict[str, Any]
+) -> None:
+    with pytest.raises(ManifestError):
+        parse_resource(document)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, _strict(_schema(crds[document["kind"]])))
+
+
+DURATIONS_ACCEPTED = ["90s", "2m", "1h30m", "250ms", "1.5h", "3", "0.5", ".5", "10us", "1µs"]
+DURATIONS_REJECTED = ["", "abc", "5x", "m5", "-3s", "5s junk", "1h 30m"]
+
+
+@pytest.mark.parametrize("text", DURATIONS_ACCEPTED + DURATIONS_REJECTED)
+def test_crd_duration_pattern_agrees_with_parse_duration(crds: dict[str, dict[str, Any]], text: str) -> None:
+    pattern = _schema(crds["Model"])["properties"]["spec"]["properties"]["gpu"]["properties"]["swapCooldown"]["pattern"]
+    try:
+        parse_duration(text)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert (re.search(pattern, text) is not None) == accepted
+
+
+# --------------------------------------------------------------------------------------------------- docker
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
+
+
+def test_compose_file_follows_the_compose_spec(compose: dict[str, Any]) -> None:
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    schema = json.loads(vendored.read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in validator.iter_errors(compose)]
+    assert not errors, "\n".join(errors)
+
+
+def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"postgres", "nats", "migrate", *SERVICES}
+    assert services["postgres"]["image"] == "postgres:16"
+    assert services["nats"]["image"].startswith("nats:2.10")
+    assert "-js" in services["nats"]["command"]
+    for name in ("postgres", "nats"):
+        assert "healthcheck" in services[name]
+
+    migrate = services["migrate"]
+    assert "from flexinfer_common.db import upgrade_database_sync" in " ".join(migrate["entrypoint"])
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert migrate["restart"] == "no"
+
+    published: dict[int, str] = {}
+    for name, service in services.items():
+        for mapping in service.get("ports", []):
+            host, container = str(mapping).rsplit(":", 2)[-2:]
+            published[int(container)] = name
+            assert host == container
+    for chart, (port, _) in SERVICES.items():
+        service = services[chart]
+        assert service["build"]["context"] == "."
+        assert service["build"]["dockerfile"] == f"services/{chart}/Dockerfile"
+        assert (ROOT / service["build"]["dockerfile"]).is_file()
+        env = service["environment"]
+        assert env[port_env(chart)] == str(port)
+        assert env["FLEXINFER_NATS_URL"] == "nats://nats:4222"
+        assert (
+            env["FLEXINFER_DATABASE_URL"].startswith("postgresql://")
+            and "@postgres:5432/" in env["FLEXINFER_DATABASE_URL"]
+        )
+        assert "FLEXINFER_ADMIN_TOKEN" in env and env["FLEXINFER_ADMIN_TOKEN"] is None  # from the shell, else unset
+        assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+        assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"])
+        assert port in published
+    for chart in ("scheduler", "lease-manager", "actuator"):
+        assert services[chart]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["build"] == services["scheduler"]["build"]
+
+    # The local actuator reports its models at 127.0.0.1 of its container: the proxy shares its network namespace,
+    # so the proxy's port is published on the actuator.
+    assert services["actuator"]["environment"]["FLEXINFER_ACTUATOR"] == "local"
+    assert services["proxy"]["network_mode"] == "service:actuator"
+    assert services["proxy"]["depends_on"]["actuator"]["condition"] == "service_healthy"
+    assert published[8080] == "actuator"
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_dockerfiles(chart: str) -> None:
+    port, module = SERVICES[chart]
+    text = (ROOT / "services" / chart / "Dockerfile").read_text()
+    instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    froms = [line.split()[1] for line in instructions if line.startswith("FROM ")]
+    assert froms[-1] == "python:3.11-slim"
+    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
+    assert users and users[-1] not in {"root", "0"}
+    assert f"EXPOSE {port}" in instructions
+    entrypoint = json.loads(
+        next(line for line in instructions if line.startswith("ENTRYPOINT ")).removeprefix("ENTRYPOINT ")
+    )
+    assert entrypoint in (["python", "-m", module], [f"flexinfer-{chart}"])
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
+    patterns = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {"**/.venv", ".git", ".flexinfer", "**/__pycache__", "**/.pytest_cache"} <= patterns

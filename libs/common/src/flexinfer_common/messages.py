@@ -69,6 +69,11 @@ class RuntimeSpec(Message):
     port: int | None = None
     readiness_path: str = "/health"
     park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO
+    drain_seconds: float | None = Field(
+        None,
+        description="How long a parked model may finish in-flight requests before it is killed "
+        "(a v1alpha1 group's drainTimeoutSeconds); the actuator's own grace period when unset",
+    )
 
 
 class ScaleCommand(Message):

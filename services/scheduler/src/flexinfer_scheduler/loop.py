@@ -302,10 +302,6 @@ class Scheduler:
         return PassResult(plans, elapsed)
 
     async def _publish(self, plan: GroupPlan, rows: dict[ModelKey, ModelRow], now: datetime) -> None:
-        for command in plan.commands:
-            row = rows.get(command.key)
-            if row is not None:
-                await self._send(command, plan.group, row, now)
         for update in plan.swap_updates:
             swap = update.swap
             if update.created:
@@ -364,16 +360,25 @@ class Scheduler:
             if row is not None:
                 await self._publish_route(key, plan.group, row, view, now)
                 await self._publish_status(key, row, now)
+        # Commands last: a model being parked has just been published as not ready, so the proxies stop sending
+        # it new requests before it is told to stop.
+        for command in plan.commands:
+            row = rows.get(command.key)
+            if row is not None:
+                await self._send(command, plan, row, now)
 
-    async def _send(self, command: Command, group: str, row: ModelRow, now: datetime) -> None:
+    async def _send(self, command: Command, plan: GroupPlan, row: ModelRow, now: datetime) -> None:
+        runtime = self.store.spec_facts(row).runtime(row.namespace, row.name)
+        if plan.drain_timeout is not None:
+            runtime = runtime.model_copy(update={"drain_seconds": plan.drain_timeout.total_seconds()})
         message = ScaleCommand(
-            group=group,
+            group=plan.group,
             namespace=row.namespace,
             model=row.name,
             action=command.action,
             generation=command.generation,
             swap_id=command.swap_id,
-            runtime=self.store.spec_facts(row).runtime(row.namespace, row.name),
+            runtime=runtime,
             issued_at=now,
         )
         log.info(

@@ -320,7 +320,8 @@ class LocalProcessScaler:
         if not runtime.exited.is_set():
             self._signal_group(runtime, signal.SIGTERM)
             try:
-                await asyncio.wait_for(runtime.exited.wait(), self._grace)
+                grace = runtime.spec.drain_seconds if runtime.spec.drain_seconds is not None else self._grace
+                await asyncio.wait_for(runtime.exited.wait(), grace)
             except TimeoutError:
                 log.warning("process ignored SIGTERM for the grace period; killing it", extra=runtime.where)
                 self._signal_group(runtime, signal.SIGKILL)

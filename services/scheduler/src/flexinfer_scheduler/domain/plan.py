@@ -69,6 +69,7 @@ class GroupPlan:
     statuses: dict[ModelKey, StatusView]
     swap_updates: list[SwapUpdate] = field(default_factory=list)
     cooldown_remaining: timedelta = timedelta(0)
+    drain_timeout: timedelta | None = None
 
 
 _REASONS = {
@@ -255,6 +256,7 @@ def plan_group(
         statuses=statuses,
         swap_updates=_dedupe(swap_updates),
         cooldown_remaining=cooldown_remaining(_with_updates(snapshot, updates), now, params),
+        drain_timeout=snapshot.v1alpha1.drain_timeout if snapshot.v1alpha1 is not None else None,
     )
 
 

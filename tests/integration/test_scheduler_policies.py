@@ -1,0 +1,140 @@
+"""GPU leases in the election, failing open on a lease read error, and the v1alpha1 GPUGroup policy — through
+the real scheduler and actuator on NATS and Postgres."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from flexinfer_common.bus import Bus
+from flexinfer_common.messages import Demand
+from flexinfer_common.subjects import demand_subject
+from tests.integration.test_swap import wait_for
+from tests.support.system import System, fake_model, running_system
+
+pytestmark = pytest.mark.integration
+
+
+async def sql(database_url: str, statement: str, *args: Any) -> None:
+    url = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+async def members(system: System, group: str = "gpu") -> dict[str, dict[str, Any]]:
+    body = await system.get("scheduler", f"/api/v1/groups/{group}")
+    return {m["name"]: m for m in body["models"]}
+
+
+async def running(system: System) -> list[str]:
+    table = await system.get("actuator", "/api/v1/processes")
+    return sorted(p["name"] for p in table["items"] if p["phase"] in {"Loading", "Ready", "Stopping"})
+
+
+async def demand(bus: Bus, model: str, queued: int) -> None:
+    message = Demand(model=model, namespace="default", queued=queued, source="test", time=datetime.now(UTC))
+    await bus.publish(demand_subject("default", model), message)
+
+
+async def test_a_gpu_lease_parks_every_member_and_its_end_re_promotes_serving(
+    database_url: str, bus: Bus, tmp_path: Path
+) -> None:
+    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+        await system.put_model(fake_model("a", priority=10))
+        await system.put_model(fake_model("b", priority=5))
+        await wait_for(lambda: _phase_is(system, "a", "Ready"))
+
+        now = datetime.now(UTC)
+        await sql(
+            database_url,
+            "INSERT INTO leases (name, namespace, group_name, owner, node, ttl_seconds, acquired_at, expires_at,"
+            " renew_time) VALUES ('train-lease', 'default', 'gpu', 'trainer', 'node-1', 600, $1, $2, $1)",
+            now,
+            now + timedelta(minutes=10),
+        )
+
+        async def all_parked() -> bool:
+            m = await members(system)
+            return all(x["phase"] == "Preempted" and x["preemptedBy"] == "gpu-lease/trainer" for x in m.values())
+
+        await wait_for(all_parked)
+        await wait_for(lambda: _nothing_runs(system))
+        group = await system.get("scheduler", "/api/v1/groups/gpu")
+        assert group["lease"]["owner"] == "trainer" and group["state"] == "Leased" and group["activeModel"] is None
+
+        # a request while leased waits: demand does not beat the lease
+        await system.put_model(fake_model("c", priority=100))
+        assert await running(system) == []
+
+        await sql(database_url, "DELETE FROM leases WHERE name = 'train-lease'")
+        await wait_for(lambda: _phase_is(system, "c", "Ready"))
+        assert await running(system) == ["c"]
+
+
+async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, bus: Bus, tmp_path: Path) -> None:
+    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+        await sql(database_url, "ALTER TABLE leases RENAME TO leases_unreadable")
+        try:
+            await system.put_model(fake_model("a", priority=10))
+            await wait_for(lambda: _phase_is(system, "a", "Ready"))
+            assert system.http is not None
+            async with system.http.get(system.url("scheduler") + "/metrics") as resp:
+                text = await resp.text()
+            errors = next(line for line in text.splitlines() if line.startswith("flexinfer_lease_read_errors_total "))
+            assert float(errors.split()[1]) >= 1
+        finally:
+            await sql(database_url, "ALTER TABLE leases_unreadable RENAME TO leases")
+
+
+async def test_v1alpha1_gpugroup_queue_threshold_and_priority(database_url: str, bus: Bus, tmp_path: Path) -> None:
+    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+        for name in ("a", "b"):
+            manifest = fake_model(name)
+            del manifest["spec"]["gpu"]  # membership comes from the GPUGroup
+            await system.put_model(manifest)
+        group = {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "g1"},
+            "spec": {
+                "models": [{"name": "a", "priority": 10}, {"name": "b", "priority": 20}],
+                "policy": {"requestQueueThreshold": 3, "minimumRunDurationSeconds": 0, "hysteresisWindowSeconds": 10},
+            },
+        }
+        assert system.http is not None
+        async with system.http.put(system.url("scheduler") + "/api/v1/gpugroups/g1", json=group) as resp:
+            assert resp.status == 201, await resp.text()
+
+        body = await system.get("scheduler", "/api/v1/groups/g1")
+        assert body["policy"] == "v1alpha1" and body["activeModel"] is None  # no demand, no leader
+
+        await demand(bus, "a", 2)  # below the threshold of 3
+        await demand(bus, "a", 3)
+        await wait_for(lambda: _phase_is(system, "a", "Ready", group="g1"))
+
+        await demand(bus, "b", 1)
+        await demand(bus, "b", 2)  # the latest count from this source: 2 < 3, b stays queued
+        m = await members(system, "g1")
+        assert m["a"]["phase"] == "Ready" and m["b"]["state"] in {"Queued", "Parked"}
+        await demand(bus, "b", 3)  # threshold met; b has the higher priority and a has run its minimum (0 s)
+        await wait_for(lambda: _phase_is(system, "b", "Ready", group="g1"))
+        m = await members(system, "g1")
+        assert m["a"]["phase"] == "Preempted" and m["a"]["preemptedBy"] == "b"
+        assert await running(system) == ["b"]
+
+
+async def _phase_is(system: System, name: str, phase: str, group: str = "gpu") -> bool:
+    m = await members(system, group)
+    return name in m and m[name]["phase"] == phase
+
+
+async def _nothing_runs(system: System) -> bool:
+    return await running(system) == []

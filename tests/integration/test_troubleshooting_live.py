@@ -1,0 +1,76 @@
+"""The seed's troubleshooting cases, live: real processes, NATS and Postgres. Each test is named after the
+seed's heading and shows the case self-heals here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from flexinfer_common.bus import Bus
+from tests.integration.test_scheduler_policies import members, running
+from tests.integration.test_swap import chat, wait_for
+from tests.support.system import fake_model, running_system
+
+pytestmark = pytest.mark.integration
+
+
+async def test_rollout_restart_deadlock(database_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The Active model's process dies (as in a rollout restart). The group must not stay at zero running models
+    while a request waits: the request is answered once the model is loaded again."""
+    async with running_system(
+        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=1
+    ) as system:
+        await system.put_model(fake_model("a", priority=10))
+        await system.put_model(fake_model("b", priority=5))
+
+        async def a_ready() -> bool:
+            return (await members(system))["a"]["phase"] == "Ready"
+
+        await wait_for(a_ready)
+        (process,) = (await system.get("actuator", "/api/v1/processes"))["items"]
+        os.kill(process["pid"], signal.SIGKILL)  # the "restart": the serving process is gone
+
+        async def a_not_ready() -> bool:
+            return (await members(system))["a"]["phase"] != "Ready"
+
+        await wait_for(a_not_ready)
+        # A model that crashed after it was Ready is restarted, as Kubernetes restarts a crashed pod; a request
+        # sent meanwhile waits in the queue and is answered by the restarted process.
+        status, body, _ = await asyncio.wait_for(chat(system, "a", "are you back?"), timeout=60)
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == "[a] are you back?"
+        assert await running(system) == ["a"]
+        (restarted,) = (await system.get("actuator", "/api/v1/processes"))["items"]
+        assert restarted["pid"] != process["pid"]
+
+
+async def test_demand_signal_not_being_detected(database_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The seed's demand expired after one signal. Here a waiting request keeps demand alive past the demand
+    window (1 s in this test), so the waiting model is loaded once the busy incumbent goes idle — 3 s later."""
+    async with running_system(
+        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=1
+    ) as system:
+        await system.put_model(fake_model("a", priority=10))
+        await system.put_model(fake_model("b", priority=10))
+
+        async def a_ready() -> bool:
+            return (await members(system))["a"]["phase"] == "Ready"
+
+        await wait_for(a_ready)
+
+        async def keep_a_busy() -> None:
+            for i in range(12):  # 3 s of traffic: a is never idle meanwhile
+                await chat(system, "a", f"busy {i}")
+                await asyncio.sleep(0.25)
+
+        busy = asyncio.create_task(keep_a_busy())
+        waiting = asyncio.create_task(chat(system, "b", "still here"))
+        await busy
+        assert (await members(system))["b"]["state"] == "Queued"  # demand still counts after 3 windows
+        status, body, headers = await asyncio.wait_for(waiting, timeout=30)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[b] still here"
+        assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) >= 3000

@@ -9,15 +9,17 @@ import contextlib
 import hmac
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
-from flexinfer_common.logs import get_logger
+from flexinfer_common.logs import configure_logging, get_logger
 from flexinfer_common.metrics import render_latest
+from flexinfer_common.settings import CommonSettings, SettingsError, load_settings
 
 log = get_logger("flexinfer.service")
 
@@ -120,6 +122,38 @@ class HttpServer:
         if self._task:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def database_and_bus_readiness(engine: Any, bus: Any) -> ReadinessCheck:
+    """``/readyz`` for a service that needs Postgres and NATS: both must answer."""
+
+    async def readiness() -> dict[str, bool]:
+        db_ok = True
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+        except Exception:
+            db_ok = False
+        return {"nats": bus.connected, "postgres": db_ok}
+
+    return readiness
+
+
+S = TypeVar("S", bound=CommonSettings)
+
+
+def run_service(
+    name: str, settings_cls: type[S], serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]]
+) -> None:
+    """A service's ``main``: settings (a bad value exits 2 naming the variable), JSON logs, then ``serve`` until
+    SIGTERM/SIGINT."""
+    try:
+        settings = load_settings(settings_cls)
+    except SettingsError as exc:
+        print(f"flexinfer-{name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure_logging(name, settings.log_level)
+    run_until_signalled(lambda stop: serve(settings, stop))
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:

@@ -7,15 +7,19 @@ themselves (acquire, renew, release, TTL refresh, Kubernetes GPULease resources)
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from fastapi import FastAPI
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.db import create_engine
-from flexinfer_common.logs import configure_logging, get_logger
-from flexinfer_common.service import HttpServer, add_ops_routes, install_error_handlers, run_until_signalled
-from flexinfer_common.settings import SettingsError, load_settings
+from flexinfer_common.logs import get_logger
+from flexinfer_common.service import (
+    HttpServer,
+    add_ops_routes,
+    database_and_bus_readiness,
+    install_error_handlers,
+    run_service,
+)
 from flexinfer_lease_manager.settings import LeaseManagerSettings
 
 log = get_logger("flexinfer.lease_manager")
@@ -27,14 +31,7 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event) -> None:
     await bus.connect()
     await bus.ensure_streams()
 
-    async def readiness() -> dict[str, bool]:
-        db_ok = True
-        try:
-            async with engine.connect() as conn:
-                await conn.exec_driver_sql("SELECT 1")
-        except Exception:
-            db_ok = False
-        return {"nats": bus.connected, "postgres": db_ok}
+    readiness = database_and_bus_readiness(engine, bus)
 
     app = FastAPI(title="FlexInfer lease manager", version="0.1.0")
     install_error_handlers(app)
@@ -52,13 +49,7 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event) -> None:
 
 
 def run() -> None:
-    try:
-        settings = load_settings(LeaseManagerSettings)
-    except SettingsError as exc:
-        print(f"flexinfer-lease-manager: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    configure_logging("lease-manager", settings.log_level)
-    run_until_signalled(lambda stop: serve(settings, stop))
+    run_service("lease-manager", LeaseManagerSettings, serve)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import create_engine, session_factory
-from flexinfer_common.logs import configure_logging, get_logger
-from flexinfer_common.service import HttpServer, run_until_signalled
-from flexinfer_common.settings import SettingsError, load_settings
+from flexinfer_common.logs import get_logger
+from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
 from flexinfer_scheduler.loop import Scheduler
@@ -28,14 +26,7 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     clock = SystemClock()
     scheduler = Scheduler(store=store, bus=bus, settings=settings, clock=clock)
 
-    async def readiness() -> dict[str, bool]:
-        db_ok = True
-        try:
-            async with engine.connect() as conn:
-                await conn.exec_driver_sql("SELECT 1")
-        except Exception:
-            db_ok = False
-        return {"nats": bus.connected, "postgres": db_ok}
+    readiness = database_and_bus_readiness(engine, bus)
 
     app = create_app(
         store=store, scheduler=scheduler, clock=clock, admin_token=settings.admin_token_value(), readiness=readiness
@@ -53,13 +44,7 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
 
 
 def run() -> None:
-    try:
-        settings = load_settings(SchedulerSettings)
-    except SettingsError as exc:
-        print(f"flexinfer-scheduler: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    configure_logging("scheduler", settings.log_level)
-    run_until_signalled(lambda stop: serve(settings, stop))
+    run_service("scheduler", SchedulerSettings, serve)
 
 
 if __name__ == "__main__":

@@ -112,8 +112,9 @@ def _needs_restart(m: Member) -> bool:
 
 def _note_failures(snapshot: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, dict[ModelKey, dict[str, Any]]]:
     """A member whose current activate command ended Failed before it was Ready is marked failed (left out until
-    asked for again, so a model that cannot load is not restarted in a loop and its queue learns why). A model
-    that crashed after it was Ready is not: it stays electable and is restarted (the seed's rollout restart)."""
+    asked for again, so a model that cannot load is not restarted in a loop and its queue learns why); a promote
+    call that led to it is over. A model that crashed after it was Ready is not: it stays electable and is
+    restarted (the seed's rollout restart)."""
     updates: dict[ModelKey, dict[str, Any]] = {}
     members = []
     for m in snapshot.members:
@@ -125,7 +126,9 @@ def _note_failures(snapshot: GroupSnapshot, now: datetime) -> tuple[GroupSnapsho
         if failed_now:
             reason = m.runtime_message or "the model failed to load"
             updates[m.key] = {"failed_at": now, "last_failure": reason}
-            m = dataclasses.replace(m, failed_at=now, last_failure=reason)
+            if m.promoted_at is not None:  # else the promotion would pin the group on a model that cannot load
+                updates[m.key]["promoted_at"] = None
+            m = dataclasses.replace(m, failed_at=now, last_failure=reason, promoted_at=None)
         members.append(m)
     return dataclasses.replace(snapshot, members=tuple(members)), updates
 
@@ -313,13 +316,16 @@ def _statuses(
         if m.key == leader:
             if m.ready:
                 phase, message = ModelPhase.READY, ""
+            elif _runtime_lost(m) and _load_failed(m):  # forced onto a model that failed to load
+                phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
+                failure = message
             elif not others_parked:
                 blocking = ", ".join(o.key.name for o in current.members if o.key != leader and not o.parked)
                 phase, message = ModelPhase.LOADING, f"waiting for {blocking} to park"
             else:
                 phase, message = ModelPhase.LOADING, "loading"
             out[m.key] = StatusView(
-                phase, SharedState.ACTIVE, 0, m.preempted_at, m.preempted_by, message, m.ready, None
+                phase, SharedState.ACTIVE, 0, m.preempted_at, m.preempted_by, message, m.ready, failure
             )
             continue
         state = SharedState.QUEUED if m.key in positions else SharedState.PARKED

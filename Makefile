@@ -59,7 +59,7 @@ docs: install ## Regenerate docs/events.md from the message schemas
 
 .PHONY: bench
 bench: install ## Benchmarks (print ratios measured side by side)
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 .PHONY: clean
 clean: ## Remove the local state of `flexinfer up` (.flexinfer) and caches

@@ -313,6 +313,65 @@ async def test_path_prefix_forwards_any_method_with_its_query(proxy: Harness, re
         assert (await resp.json())["error"]["message"] == "short and stout"
 
 
+async def test_end_to_end_headers_pass_both_ways_and_hop_by_hop_ones_do_not(
+    proxy: Harness, recorder: tuple[Recorder, str]
+) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    headers = {
+        "Authorization": "Bearer sk-client",
+        "OpenAI-Organization": "org-1",
+        "X-Request-Id": "abc",
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "dropped: named in Connection",
+        "Proxy-Authorization": "dropped",
+    }
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    async with proxy.http.post(proxy.base + "/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Upstream"] == "rec"
+    seen = {name.lower(): value for name, value in rec.seen[-1]["headers"].items()}
+    assert (seen["authorization"], seen["openai-organization"], seen["x-request-id"]) == (
+        "Bearer sk-client",
+        "org-1",
+        "abc",
+    )
+    assert "x-hop" not in seen and "proxy-authorization" not in seen
+    assert json.loads(rec.seen[-1]["body"]) == body, "the body goes through as sent"
+
+
+async def test_metrics_count_requests_waits_and_cold_starts(proxy: Harness, fake_model: str) -> None:
+    await proxy.put_route("m1")
+    waiting = asyncio.create_task(proxy.chat("m1"))
+    await proxy.until_queued("m1", 1)
+    async with proxy.http.get(proxy.base + "/metrics") as resp:
+        text = await resp.text()
+    assert 'flexinfer_proxy_queue_depth{model="m1",namespace="default"} 1.0' in text
+    await proxy.put_route("m1", endpoint=fake_model)
+    async with await waiting as resp:
+        assert resp.status == 200
+    async with proxy.http.get(proxy.base + "/metrics") as resp:
+        text = await resp.text()
+    for name in (
+        'flexinfer_proxy_queue_depth{model="m1",namespace="default"} 0.0',
+        "flexinfer_proxy_queue_wait_seconds_count",
+        'flexinfer_proxy_requests_total{code="200",model="m1",namespace="default"}',
+        'flexinfer_proxy_cold_starts_total{model="m1",namespace="default"}',
+    ):
+        assert name in text, name
+
+
+async def test_expect_100_continue_is_answered_by_the_proxy(proxy: Harness, recorder: tuple[Recorder, str]) -> None:
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    body = json.dumps({"model": "m1", "input": "x"}).encode()
+    for url in (proxy.base + "/v1/embeddings", proxy.base + "/default/m1/v1/embeddings"):
+        async with proxy.http.post(url, data=body, expect100=True, timeout=aiohttp.ClientTimeout(total=3)) as resp:
+            assert resp.status == 200
+        assert rec.seen[-1]["body"] == body
+        assert "Expect" not in rec.seen[-1]["headers"]
+
+
 async def test_upstream_down_is_502(proxy: Harness) -> None:
     await proxy.put_route("m1", endpoint="http://127.0.0.1:9")  # discard port: nothing listens
     async with await proxy.chat("m1") as resp:
@@ -451,7 +510,9 @@ async def test_full_queue_is_429_with_retry_after(start_proxy: StartProxy) -> No
     async with await harness.chat("m1") as resp:
         assert resp.status == 429
         assert resp.headers["Retry-After"] == "5"
-        assert (await resp.json())["error"]["code"] == "queue_full"
+        assert resp.headers["Content-Type"] == "application/json"
+        error = (await resp.json())["error"]
+        assert (error["code"], error["type"]) == ("queue_full", "rate_limit_error")
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
@@ -462,22 +523,41 @@ async def test_wait_past_the_queue_timeout_is_504(start_proxy: StartProxy) -> No
     await harness.put_route("m1")
     async with await harness.chat("m1") as resp:
         assert resp.status == 504
-        assert (await resp.json())["error"]["code"] == "queue_timeout"
+        assert resp.headers["Content-Type"] == "application/json"
+        assert await resp.json() == {
+            "error": {
+                "message": "model 'default/m1' did not become ready within 0.4s",
+                "type": "server_error",
+                "code": "queue_timeout",
+            }
+        }
     assert await harness.queued("m1") == 0
 
 
-async def test_failed_route_answers_waiters_503_naming_the_reason(proxy: Harness) -> None:
+async def test_failed_route_answers_waiters_503_and_a_newcomer_asks_for_a_retry(
+    proxy: Harness, fake_model: str
+) -> None:
     await proxy.put_route("m1")
     waiting = [asyncio.create_task(proxy.chat("m1")) for _ in range(2)]
     await proxy.until_queued("m1", 2)
     await proxy.put_route("m1", failure="process exited with code 1")
     for resp in await asyncio.gather(*waiting):
         assert resp.status == 503
+        assert resp.headers["Content-Type"] == "application/json"
         error = (await resp.json())["error"]
         assert error["code"] == "model_failed"
         assert "process exited with code 1" in error["message"]
-    async with await proxy.chat("m1") as resp:  # and a newcomer is answered at once
-        assert resp.status == 503
+    await proxy.next_demand(lambda d: d.queued == 0)
+    # A newcomer is not turned away: the scheduler retries a failed model only when a request names it again.
+    newcomer = asyncio.create_task(proxy.chat("m1", "try again"))
+    _, demand = await proxy.next_demand(lambda d: d.queued == 1)
+    assert demand.model == "m1"
+    await proxy.put_route("m1")  # the retry: loading, failure cleared
+    await proxy.put_route("m1", endpoint=fake_model)
+    async with await newcomer as resp:
+        assert resp.status == 200
+        assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
+        assert (await resp.json())["choices"][0]["message"]["content"] == "[m1] try again"
 
 
 async def test_client_that_disconnects_leaves_the_queue_and_the_demand(proxy: Harness) -> None:

@@ -8,7 +8,16 @@ import pytest
 
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Route
-from flexinfer_proxy.domain.admission import Admission, QueueAction, admit, queue_action
+from flexinfer_proxy.domain.admission import (
+    Admission,
+    QueueAction,
+    TimeoutAnswer,
+    admit,
+    fails_waiter,
+    failure_mark,
+    queue_action,
+    timeout_answer,
+)
 from flexinfer_proxy.domain.demand import (
     DemandReport,
     activity_due,
@@ -18,7 +27,16 @@ from flexinfer_proxy.domain.demand import (
 )
 from flexinfer_proxy.domain.errors import ErrorCode, ProxyError
 from flexinfer_proxy.domain.queue import WaitQueue
-from flexinfer_proxy.domain.requests import connection_tokens, forwardable, model_of
+from flexinfer_proxy.domain.requests import (
+    Endpoint,
+    connection_tokens,
+    forwardable,
+    forwardable_raw,
+    model_of,
+    parse_endpoint,
+    raw_connection_tokens,
+    retry_safe,
+)
 from flexinfer_proxy.domain.routes import ModelKey, ResolvedBy, RouteTable
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -133,7 +151,8 @@ def test_table_updates_keep_the_indexes_right() -> None:
         pytest.param(route("m"), 0, False, Admission.QUEUE, id="parked-queues"),
         pytest.param(route("m"), 3, False, Admission.QUEUE_FULL, id="parked-queue-at-bound-rejects"),
         pytest.param(route("m"), 2, False, Admission.QUEUE, id="parked-queue-below-bound-queues"),
-        pytest.param(route("m", failure="oom"), 0, False, Admission.MODEL_FAILED, id="failed-model-fails-fast"),
+        pytest.param(route("m", failure="oom"), 0, False, Admission.QUEUE, id="failed-model-queues-to-ask-a-retry"),
+        pytest.param(route("m", failure="oom"), 3, False, Admission.QUEUE_FULL, id="failed-model-queue-bounded"),
         pytest.param(route("m"), 0, True, Admission.SHUTTING_DOWN, id="shutting-down-queues-nothing"),
     ],
 )
@@ -152,6 +171,39 @@ def test_admission(the_route: Route, queued: int, shutting_down: bool, expected:
 )
 def test_queue_action(the_route: Route | None, expected: QueueAction) -> None:
     assert queue_action(the_route) is expected
+
+
+@pytest.mark.parametrize(
+    ("seen", "the_route", "expected"),
+    [
+        pytest.param(None, route("m", failure="oom"), True, id="waiting-before-the-failure-is-answered"),
+        pytest.param(("oom", 0), route("m", failure="oom"), False, id="joined-after-this-failure-waits-for-retry"),
+        pytest.param(("oom", 0), route("m", failure="exit 1"), True, id="a-different-failure-is-news"),
+    ],
+)
+def test_fails_waiter(seen: tuple[str, int] | None, the_route: Route, expected: bool) -> None:
+    assert fails_waiter(seen=seen, route=the_route) is expected
+
+
+def test_a_retry_with_a_new_generation_is_a_new_failure() -> None:
+    first = route("m", failure="oom")
+    retried = first.model_copy(update={"generation": first.generation + 1})
+    assert fails_waiter(seen=failure_mark(first), route=retried)
+    assert failure_mark(route("m", ready=True)) is None
+
+
+@pytest.mark.parametrize(
+    ("the_route", "signalled", "expected"),
+    [
+        pytest.param(route("m"), True, TimeoutAnswer.QUEUE_TIMEOUT, id="loading-too-long-504"),
+        pytest.param(route("m"), False, TimeoutAnswer.DEMAND_UNAVAILABLE, id="bus-down-all-along-503"),
+        pytest.param(route("m", failure="oom"), True, TimeoutAnswer.MODEL_FAILED, id="still-failed-503"),
+        pytest.param(route("m", failure="oom"), False, TimeoutAnswer.DEMAND_UNAVAILABLE, id="bus-down-and-failed"),
+        pytest.param(None, True, TimeoutAnswer.QUEUE_TIMEOUT, id="gone-504"),
+    ],
+)
+def test_timeout_answer(the_route: Route | None, signalled: bool, expected: TimeoutAnswer) -> None:
+    assert timeout_answer(route=the_route, demand_signalled=signalled) is expected
 
 
 # --------------------------------------------------------------------------- the FIFO
@@ -207,7 +259,8 @@ def report(queued: int, *, joins: int = 1, at: float = 0.0, delivered: bool = Tr
         pytest.param(3, 3, report(1, delivered=False), 1.0, False, id="bus-down-new-joins-wait-for-tick"),
         pytest.param(3, 3, report(1, delivered=False), 10.0, True, id="bus-down-retry-on-refresh-tick"),
         pytest.param(0, 1, report(1, delivered=False), 10.0, True, id="bus-down-final-zero-retried"),
-        pytest.param(0, 1, report(0, delivered=False), 10.0, False, id="bus-down-nothing-left-to-say"),
+        pytest.param(0, 1, report(0, delivered=False), 5.0, False, id="bus-down-final-zero-no-tight-retry"),
+        pytest.param(0, 1, report(0, delivered=False), 10.0, True, id="bus-down-lost-final-zero-is-retried"),
     ],
 )
 def test_demand_due(queued: int, joins: int, last: DemandReport | None, now: float, due: bool) -> None:
@@ -221,6 +274,7 @@ def test_demand_due(queued: int, joins: int, last: DemandReport | None, now: flo
         pytest.param(1, report(1, at=2.0), 5.0, 7.0, id="waiting-next-refresh"),
         pytest.param(0, report(0), 5.0, None, id="settled"),
         pytest.param(0, report(1, delivered=False, at=2.0), 5.0, 7.0, id="retry-final-zero"),
+        pytest.param(0, report(0, delivered=False, at=2.0), 5.0, 7.0, id="retry-lost-final-zero"),
         pytest.param(1, report(1, at=0.0), 50.0, 0.0, id="overdue-now"),
     ],
 )
@@ -306,3 +360,45 @@ def test_forwardable_drops_hop_by_hop_headers() -> None:
         ("Content-Type", "application/json"),
         ("Accept", "text/event-stream"),
     ]
+
+
+def test_forwardable_raw_works_on_bytes_as_they_come_off_the_wire() -> None:
+    headers = [(b"Host", b"p"), (b"Connection", b"close, X-Hop"), (b"X-Hop", b"1"), (b"Proxy-Foo", b"x"), (b"A", b"b")]
+    drop = frozenset({b"host"}) | raw_connection_tokens(b"close, X-Hop")
+    assert forwardable_raw(headers, drop=drop) == [(b"A", b"b")]
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        pytest.param("http://10.0.0.5:8000", Endpoint("10.0.0.5", 8000, ""), id="host-port"),
+        pytest.param("http://model.ns.svc/", Endpoint("model.ns.svc", 80, ""), id="default-port"),
+        pytest.param("http://127.0.0.1:9/base/", Endpoint("127.0.0.1", 9, "/base"), id="base-path"),
+    ],
+)
+def test_parse_endpoint(url: str, expected: Endpoint) -> None:
+    assert parse_endpoint(url) == expected
+
+
+def test_parse_endpoint_refuses_what_the_client_cannot_speak() -> None:
+    with pytest.raises(ValueError, match="not an http:// endpoint"):
+        parse_endpoint("https://model:443")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body_held", "expected"),
+    [
+        pytest.param("GET", "/v1/models", True, True, id="get"),
+        pytest.param("HEAD", "/health", True, True, id="head"),
+        pytest.param("OPTIONS", "/", True, True, id="options"),
+        pytest.param("POST", "/v1/embeddings", True, True, id="embeddings-are-pure"),
+        pytest.param("POST", "/v1/embeddings?x=1", True, True, id="embeddings-with-query"),
+        pytest.param("POST", "/v1/embeddings", False, False, id="streamed-body-cannot-be-replayed"),
+        pytest.param("POST", "/v1/chat/completions", True, False, id="chat-never"),
+        pytest.param("POST", "/v1/completions", True, False, id="completions-never"),
+        pytest.param("PUT", "/v1/load_lora_adapter", True, False, id="put-never"),
+        pytest.param("DELETE", "/x", True, False, id="delete-never"),
+    ],
+)
+def test_retry_safe(method: str, path: str, body_held: bool, expected: bool) -> None:
+    assert retry_safe(method, path, body_held=body_held) is expected

@@ -182,14 +182,112 @@ async def test_route_failure_or_removal_fails_every_waiter(
     await rig.publisher.until(lambda q: q[-1:] == [0])
 
 
-async def test_wait_past_the_queue_timeout_is_504() -> None:
-    made = Rig(queue_timeout=0.05)
-    waiter = made.queues.join(KEY)
-    with pytest.raises(ProxyError) as caught:
-        await made.queues.wait_turn(KEY, waiter)
-    made.queues.leave(KEY, waiter)
-    assert (caught.value.status, caught.value.code) == (504, ErrorCode.QUEUE_TIMEOUT)
+@pytest.mark.parametrize(
+    ("bus_down", "status", "code"),
+    [
+        pytest.param(False, 504, ErrorCode.QUEUE_TIMEOUT, id="demand-signalled-504"),
+        pytest.param(True, 503, ErrorCode.DEMAND_UNAVAILABLE, id="demand-never-signalled-503"),
+    ],
+)
+async def test_wait_past_the_queue_timeout(bus_down: bool, status: int, code: ErrorCode) -> None:
+    made = Rig(queue_timeout=0.1)
+    made.publisher.down = bus_down
+    await made.demand.start()
+    try:
+        waiter = made.queues.join(KEY)
+        with pytest.raises(ProxyError) as caught:
+            await made.queues.wait_turn(KEY, waiter)
+        made.queues.leave(KEY, waiter)
+    finally:
+        await made.demand.stop()
+    assert (caught.value.status, caught.value.code) == (status, code)
+    if bus_down:
+        assert "nats: no servers available" in caught.value.message
     assert made.queues.length(KEY) == 0
+
+
+async def test_each_waiter_times_out_on_its_own_deadline() -> None:
+    made = Rig(queue_timeout=0.2)
+    await made.demand.start()
+    loop = asyncio.get_running_loop()
+    try:
+        first = made.queues.join(KEY)
+        await asyncio.sleep(0.1)
+        second = made.queues.join(KEY)
+        timed: list[tuple[str, float]] = []
+        for name, waiter in (("first", first), ("second", second)):
+            with pytest.raises(ProxyError):
+                await made.queues.wait_turn(KEY, waiter)
+            timed.append((name, loop.time()))
+            made.queues.leave(KEY, waiter)
+    finally:
+        await made.demand.stop()
+    (_, at_first), (_, at_second) = timed
+    assert at_second - at_first >= 0.07, "the second waiter got its full timeout, not the first one's"
+    assert made.queues.length(KEY) == 0
+
+
+async def test_newcomer_for_a_failed_model_queues_signals_demand_and_waits_for_the_retry(rig: Rig) -> None:
+    served: list[str] = []
+    early = asyncio.create_task(rig.request(served, "early"))
+    await rig.publisher.until(lambda q: q == [1])
+    failed = route(failure="CUDA out of memory")
+    rig.set_route(failed)
+    with pytest.raises(ProxyError) as caught:
+        await early  # waiting when the failure was announced: 503 naming it
+    assert (caught.value.status, caught.value.code) == (503, ErrorCode.MODEL_FAILED)
+
+    newcomer = asyncio.create_task(rig.request(served, "newcomer"))  # no instant 503: it asks for a retry
+    await rig.publisher.until(lambda q: q[-1:] == [1])
+    rig.set_route(failed.model_copy(update={"updated_at": T0.replace(minute=1)}))  # same failure re-written
+    await settle()
+    assert not newcomer.done()
+    rig.set_route(route())  # the scheduler retries (Loading, failure cleared) ...
+    rig.set_route(failed)  # ... and it fails again: now the newcomer hears it
+    with pytest.raises(ProxyError) as caught:
+        await newcomer
+    assert caught.value.code == ErrorCode.MODEL_FAILED
+
+    third = asyncio.create_task(rig.request(served, "third"))
+    await settle()
+    rig.set_route(route(ready=True))  # a retry that works serves it
+    assert await third == "third"
+
+
+async def test_timeout_while_the_route_still_carries_its_failure_names_it() -> None:
+    made = Rig(queue_timeout=0.1)
+    made.set_route(route(failure="exit 1"))
+    await made.demand.start()
+    try:
+        waiter = made.queues.join(KEY)
+        with pytest.raises(ProxyError) as caught:
+            await made.queues.wait_turn(KEY, waiter)
+        made.queues.leave(KEY, waiter)
+    finally:
+        await made.demand.stop()
+    assert (caught.value.status, caught.value.code) == (503, ErrorCode.MODEL_FAILED)
+    assert "exit 1" in caught.value.message
+
+
+async def test_demand_of_clients_that_left_ends_without_new_activity(rig: Rig) -> None:
+    task = asyncio.create_task(rig.request([], "gone"))
+    await rig.publisher.until(lambda q: q == [1])
+    await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await rig.publisher.until(lambda q: q == [1, 0])
+    first, final = (m for _, m in rig.publisher.sent)
+    assert final.time == first.time, "leaving is not activity: the last active time stays the request's"
+
+
+async def test_activity_reports_the_current_queue_length(rig: Rig) -> None:
+    tasks = [asyncio.create_task(rig.request([], str(i))) for i in range(3)]
+    await rig.publisher.until(lambda q: q[-1:] == [3])
+    rig.demand.activity(KEY)
+    await rig.publisher.until(lambda q: q[-1:] == [3] and len(q) >= 2)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_shutdown_answers_every_waiter() -> None:

@@ -1,4 +1,4 @@
-"""What every service shares at its edges: the ops endpoints (/healthz, /readyz, /metrics), admin-token
+"""What every HTTP-serving service shares at its edges: the ops endpoints (/healthz, /readyz, /metrics), admin-token
 checking, serving an ASGI app with uvicorn inside our own event loop, and graceful shutdown on SIGTERM/SIGINT.
 """
 
@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -19,6 +17,7 @@ from fastapi.responses import JSONResponse
 
 from flexinfer_common.logs import configure_logging, get_logger
 from flexinfer_common.metrics import render_latest
+from flexinfer_common.runner import run_until_signalled
 from flexinfer_common.settings import CommonSettings, SettingsError, load_settings
 
 log = get_logger("flexinfer.service")
@@ -154,30 +153,3 @@ def run_service(
         raise SystemExit(2) from None
     configure_logging(name, settings.log_level)
     run_until_signalled(lambda stop: serve(settings, stop))
-
-
-def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main(stop)`` on uvloop when available; SIGTERM/SIGINT set ``stop`` for a graceful shutdown."""
-
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(sig: signal.Signals) -> None:
-            if stop.is_set():
-                # A second signal: stop at once (child processes die with us through their parent-death signal).
-                log.warning("second signal: exiting now", extra={"signal": sig.name})
-                os._exit(128 + sig.value)
-            log.info("stopping gracefully", extra={"signal": sig.name})
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-        await main(stop)
-
-    try:
-        import uvloop
-
-        uvloop.run(runner())
-    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
-        asyncio.run(runner())

@@ -21,7 +21,8 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.logs import configure_logging, get_logger
-from flexinfer_common.service import HttpServer, run_until_signalled
+from flexinfer_common.runner import run_until_signalled
+from flexinfer_common.service import HttpServer
 from flexinfer_common.settings import ActuatorKind, SettingsError, load_settings
 
 log = get_logger("flexinfer.actuator")

@@ -23,7 +23,6 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter
-from yarl import URL
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
@@ -33,7 +32,7 @@ from flexinfer_proxy.adapters.upstream import Upstream
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.admission import Admission, admit
 from flexinfer_proxy.domain.errors import ProxyError
-from flexinfer_proxy.domain.requests import model_of
+from flexinfer_proxy.domain.requests import model_of, retry_safe
 from flexinfer_proxy.domain.routes import ModelKey, Resolved, RouteTable
 from flexinfer_proxy.queues import ModelQueues
 
@@ -41,6 +40,7 @@ log = get_logger("flexinfer.proxy.api")
 
 QUEUE_WAIT_HEADER = "X-FlexInfer-Queue-Wait-Ms"
 COLD_START_HEADER = "X-FlexInfer-Cold-Start"
+EXPECT = "Expect"
 JSON = "application/json"
 
 ReadinessCheck = Callable[[], dict[str, bool]]
@@ -124,6 +124,8 @@ class ProxyHandler:
                 return await self._models(path[len("/v1/models/") :] if path != "/v1/models" else None)
             if method != "POST":
                 raise errors.method_not_allowed(method, path)
+            if EXPECT in request.headers:
+                await _send_continue(request)
             body = await request.read()
             resolved = await self._resolve(model_of(body))
             return await self._serve(request, resolved, self._raw_target(request), body)
@@ -149,6 +151,8 @@ class ProxyHandler:
             raise errors.path_not_found(path)
         # Names from the decoded path; the rest is forwarded exactly as the client encoded it.
         resolved = await self._resolve(f"{names[1]}/{names[2]}")
+        if EXPECT in request.headers and request.body_exists:
+            await _send_continue(request)
         return await self._serve(request, resolved, target[2], None)
 
     @staticmethod
@@ -183,12 +187,15 @@ class ProxyHandler:
             if decision is Admission.FORWARD:
                 self._demand.activity(key)
                 response = await self._upstream.forward(
-                    request, url=self._url(key, route.endpoint, target), model=str(key), body=body
+                    request,
+                    endpoint=_endpoint(key, route),
+                    target=target,
+                    model=str(key),
+                    body=body,
+                    retry=self._retry_safe(request, target, body),
                 )
             elif decision is Admission.QUEUE:
                 response = await self._wait_and_forward(request, key, target, body)
-            elif decision is Admission.MODEL_FAILED:
-                raise errors.model_failed(str(key), route.failure or "unknown failure")
             elif decision is Admission.QUEUE_FULL:
                 raise errors.queue_full(str(key), self._queue_max, self._retry_after)
             else:
@@ -198,6 +205,10 @@ class ProxyHandler:
             raise
         self._count(key, response.status)
         return response
+
+    @staticmethod
+    def _retry_safe(request: web.BaseRequest, target: str, body: bytes | None) -> bool:
+        return retry_safe(request.method, target, body_held=body is not None or not request.body_exists)
 
     async def _wait_and_forward(
         self, request: web.BaseRequest, key: ModelKey, target: str, body: bytes | None
@@ -214,20 +225,16 @@ class ProxyHandler:
 
             return await self._upstream.forward(
                 request,
-                url=self._url(key, route.endpoint, target),
+                endpoint=_endpoint(key, route),
+                target=target,
                 model=str(key),
                 body=body,
+                retry=self._retry_safe(request, target, body),
                 extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
                 on_sent=started,
             )
         finally:
             self._queues.leave(key, waiter)
-
-    @staticmethod
-    def _url(key: ModelKey, endpoint: str | None, target: str) -> URL:
-        if not endpoint:
-            raise errors.upstream_unavailable(str(key), "the route is Ready but has no endpoint")
-        return URL(endpoint.rstrip("/") + target, encoded=True)
 
     def _count(self, key: ModelKey, status: int) -> None:
         counter = self._counters.get((key, status))
@@ -262,6 +269,19 @@ class ProxyHandler:
             for info in self._queues.snapshot()
         ]
         return json_response({"items": items})
+
+
+async def _send_continue(request: web.BaseRequest) -> None:
+    """``Expect: 100-continue``: the low-level server does not answer it, and the client would wait (curl: 1 s)
+    before sending the body. The proxy never forwards the header (it has the body already, or streams it)."""
+    if request.headers[EXPECT].lower() == "100-continue" and request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def _endpoint(key: ModelKey, route: Route) -> str:
+    if not route.endpoint:
+        raise errors.upstream_unavailable(str(key), "the route is Ready but has no endpoint")
+    return route.endpoint
 
 
 def _model_object(route: Route) -> dict[str, Any]:

@@ -4,8 +4,9 @@ The FIFO itself and every decision live in ``domain`` (``WaitQueue``, ``queue_ac
 asyncio glue (futures, the queue timeout), the queue metrics, and tells the demand signaller how many wait.
 
 A waiter's life: ``join`` -> ``wait_turn`` (returns the Ready route, or raises ProxyError: timeout, model failed,
-model removed, shutting down) -> forward -> ``leave``. ``leave`` is idempotent and must run in ``finally``: a client
-that disconnects cancels its handler, and leaving at once is what takes it out of the queue and out of the demand.
+model removed, demand could not be signalled, shutting down) -> forward -> ``leave``. ``leave`` is idempotent and
+must run in ``finally``: a client that disconnects cancels its handler, and leaving at once is what takes it out of
+the queue and out of the demand.
 Leaving also releases the next waiter when the model is Ready, which is how a drain keeps arrival order.
 """
 
@@ -19,8 +20,21 @@ from dataclasses import dataclass
 from flexinfer_common.messages import Route
 from flexinfer_common.metrics import PROXY_QUEUE_DEPTH, PROXY_QUEUE_WAIT
 from flexinfer_proxy.adapters.demand import DemandSignaller
-from flexinfer_proxy.domain.admission import QueueAction, queue_action
-from flexinfer_proxy.domain.errors import ProxyError, model_failed, model_removed, queue_timeout
+from flexinfer_proxy.domain.admission import (
+    QueueAction,
+    TimeoutAnswer,
+    fails_waiter,
+    failure_mark,
+    queue_action,
+    timeout_answer,
+)
+from flexinfer_proxy.domain.errors import (
+    ProxyError,
+    demand_unavailable,
+    model_failed,
+    model_removed,
+    queue_timeout,
+)
 from flexinfer_proxy.domain.queue import Waiter, WaitQueue
 from flexinfer_proxy.domain.routes import ModelKey
 
@@ -48,6 +62,7 @@ class ModelQueues:
         self._timeout = queue_timeout
         self._monotonic = monotonic
         self._queues: dict[ModelKey, WaitQueue[asyncio.Future[Route]]] = {}
+        self._timers: dict[ModelKey, asyncio.TimerHandle] = {}
 
     def length(self, key: ModelKey) -> int:
         queue = self._queues.get(key)
@@ -60,20 +75,61 @@ class ModelQueues:
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = WaitQueue()
-        waiter = queue.join(asyncio.get_running_loop().create_future(), now=self._monotonic())
+        loop = asyncio.get_running_loop()
+        waiter = queue.join(
+            loop.create_future(),
+            now=self._monotonic(),
+            seen_failure=failure_mark(self._route_of(key)),
+        )
+        if key not in self._timers:
+            self._arm(key, waiter.arrived_at)
         self._changed(key, len(queue), joined=True)
         # The route may be Ready already (a drain in progress): the head may go now.
         self._release_next(key, queue)
         return waiter
 
-    async def wait_turn(self, key: ModelKey, waiter: Slot) -> Route:
-        """Wait until this request may be forwarded; return the route to forward to."""
-        remaining = self._timeout - waiter.waited(self._monotonic())
-        try:
-            async with asyncio.timeout(max(remaining, 0.0)):
-                return await waiter.payload
-        except TimeoutError:
-            raise queue_timeout(str(key), self._timeout) from None
+    @staticmethod
+    def wait_turn(key: ModelKey, waiter: Slot) -> asyncio.Future[Route]:
+        """Await this until the request may be forwarded: it gives the route to forward to, or raises ProxyError
+        (timeout, model failed, model removed, demand could not be signalled, shutting down)."""
+        return waiter.payload
+
+    # Timeouts: one timer per model, not per waiter. All waiters have the same timeout and the FIFO is in arrival
+    # order, so the earliest deadline is always the first waiter not yet answered; 10,000 waiting requests cost
+    # one timer instead of 10,000 (see bench/proxy_queue_memory.py).
+
+    def _arm(self, key: ModelKey, arrived_at: float) -> None:
+        delay = max(0.0, arrived_at + self._timeout - self._monotonic())
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._expire, key)
+
+    def _expire(self, key: ModelKey) -> None:
+        self._timers.pop(key, None)
+        queue = self._queues.get(key)
+        if queue is None:
+            return
+        now = self._monotonic()
+        for waiter in queue.in_order():
+            if waiter.payload.done():
+                continue  # answered, about to leave
+            if waiter.waited(now) < self._timeout:
+                self._arm(key, waiter.arrived_at)
+                return
+            waiter.payload.set_exception(self._timeout_error(key, waiter))
+
+    def _disarm(self, key: ModelKey) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _timeout_error(self, key: ModelKey, waiter: Slot) -> ProxyError:
+        route = self._route_of(key)
+        answer = timeout_answer(route=route, demand_signalled=self._demand.signalled_since(key, waiter.arrived_at))
+        if answer is TimeoutAnswer.DEMAND_UNAVAILABLE:
+            return demand_unavailable(str(key), self._timeout, self._demand.last_error or "not connected")
+        if answer is TimeoutAnswer.MODEL_FAILED:
+            assert route is not None and route.failure is not None
+            return model_failed(str(key), route.failure)
+        return queue_timeout(str(key), self._timeout)
 
     def leave(self, key: ModelKey, waiter: Slot) -> None:
         """Take a waiter out of its queue (idempotent); release the next one if the model is Ready."""
@@ -83,14 +139,21 @@ class ModelQueues:
         PROXY_QUEUE_WAIT.observe(waiter.waited(self._monotonic()))
         if not waiter.payload.done():
             waiter.payload.cancel()
+        elif not waiter.payload.cancelled():
+            waiter.payload.exception()  # answered already (e.g. timed out as the client left): mark it seen
         if not queue:
             del self._queues[key]
+            self._disarm(key)
         self._changed(key, len(queue), joined=False)
         if queue:
             self._release_next(key, queue)
 
     def route_changed(self, key: ModelKey) -> None:
-        """Apply a route change to the model's waiters: release the head, fail them all, or keep waiting."""
+        """Apply a route change to the model's waiters: release the head, fail them, or keep waiting.
+
+        A failure fails the waiters that had not seen it announced yet (``fails_waiter``); a route without failure
+        makes every waiter forget the one it saw, so the next failure (of the retry) answers them too.
+        """
         queue = self._queues.get(key)
         if queue is None:
             return
@@ -100,9 +163,13 @@ class ModelQueues:
             self._release_next(key, queue)
         elif action is QueueAction.FAIL:
             assert route is not None and route.failure is not None
-            self._fail(key, model_failed(str(key), route.failure))
+            error = model_failed(str(key), route.failure)
+            self._fail(key, error, [w for w in queue if fails_waiter(seen=w.seen_failure, route=route)])
         elif action is QueueAction.REMOVED:
             self._fail(key, model_removed(str(key)))
+        else:
+            for waiter in queue:
+                waiter.seen_failure = None
 
     def routes_changed(self) -> None:
         """Re-check every queue (after the route snapshot was replaced)."""
@@ -128,16 +195,26 @@ class ModelQueues:
         if waiter is not None and not waiter.payload.done():
             waiter.payload.set_result(route)
 
-    def _fail(self, key: ModelKey, error: ProxyError) -> None:
-        queue = self._queues.pop(key, None)
+    def _fail(self, key: ModelKey, error: ProxyError, waiters: list[Slot] | None = None) -> None:
+        """Answer ``waiters`` (default: all of the model's) with ``error``."""
+        queue = self._queues.get(key)
         if queue is None:
             return
+        if waiters is None:
+            waiters = queue.take_all()
+        elif not waiters:
+            return
+        else:
+            queue.take(waiters)
+        if not queue:
+            del self._queues[key]
+            self._disarm(key)
         now = self._monotonic()
-        for waiter in queue.take_all():
+        for waiter in waiters:
             PROXY_QUEUE_WAIT.observe(waiter.waited(now))
             if not waiter.payload.done():
                 waiter.payload.set_exception(error)
-        self._changed(key, 0, joined=False)
+        self._changed(key, len(queue), joined=False)
 
     def _changed(self, key: ModelKey, queued: int, *, joined: bool) -> None:
         PROXY_QUEUE_DEPTH.labels(namespace=key.namespace, model=key.name).set(queued)

@@ -2,9 +2,15 @@
 
 The queue tells this signaller how many requests wait per model (``queue_changed``); one background loop turns that
 into messages with the pure rules of ``domain.demand``: at once when a request joins, every refresh interval while
-requests wait, a final ``queued=0`` when the queue empties. Forwarding calls ``activity``, which publishes
-``queued=0`` at most once per interval per model, in the background: the request never waits for the bus.
-If the bus is down, reports fail quietly (one warning per outage) and queued demand is retried on the refresh tick.
+requests wait, a final ``queued=0`` when the queue empties. Forwarding calls ``activity``, which publishes the
+model's current queue length at most once per interval per model, in the background: the request never waits for
+the bus. If the bus is down, reports fail quietly (one warning per outage) and queued demand is retried on the
+refresh tick; ``signalled_since`` tells the queue whether a waiter's demand ever got through (if not, its timeout
+answers 503 naming the bus error instead of 504).
+
+The final ``queued=0`` report is dated like the model's previous report, not "now": the scheduler takes ``time`` as
+the model's last activity, and a queue that emptied because its clients gave up is no new activity (so demand from
+clients that left ends there instead of being extended by their leaving).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -49,6 +56,7 @@ class _ModelDemand:
     queued: int = 0
     joins: int = 0
     last: DemandReport | None = None
+    delivered_at: float | None = None  # monotonic start of the last report the bus acknowledged
 
 
 class DemandSignaller:
@@ -77,6 +85,8 @@ class DemandSignaller:
         self._background: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._failing = False
+        self._last_sent: dict[ModelKey, datetime] = {}  # the ``time`` of the last message about each model
+        self.last_error: str | None = None
 
     # --- called by the queue and the forwarding path (synchronous, never blocks) ---
 
@@ -89,6 +99,11 @@ class DemandSignaller:
         if joined:
             state.joins += 1
         self._wake.set()
+
+    def signalled_since(self, key: ModelKey, since: float) -> bool:
+        """Whether a report about ``key`` reached the bus at or after monotonic time ``since``."""
+        state = self._models.get(key)
+        return state is not None and state.delivered_at is not None and state.delivered_at >= since
 
     def activity(self, key: ModelKey) -> None:
         """A request is being forwarded to ``key``: report activity if none was reported lately."""
@@ -125,7 +140,8 @@ class DemandSignaller:
         self._task = None
 
     async def _report_activity(self, key: ModelKey) -> None:
-        await self._publish(key, 0)
+        state = self._models.get(key)
+        await self._publish(key, state.queued if state is not None else 0)
 
     # --- the loop ---
 
@@ -134,8 +150,11 @@ class DemandSignaller:
             self._wake.clear()
             await self._report_due()
             delay = self._next_check()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the wake-up
+            # (then stop() would wait forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
     async def _report_due(self) -> None:
         now = self._monotonic()
@@ -147,11 +166,13 @@ class DemandSignaller:
             )
         ]
         if due:
-            results = await asyncio.gather(*(self._publish(key, queued) for key, queued, _ in due))
+            results = await asyncio.gather(*(self._publish(key, queued, final=queued == 0) for key, queued, _ in due))
             for (key, queued, joins), delivered in zip(due, results, strict=True):
                 state = self._models.get(key)
                 if state is not None:
                     state.last = DemandReport(queued=queued, joins=joins, at=now, delivered=delivered)
+                    if delivered:
+                        state.delivered_at = now
         for key in [k for k, s in self._models.items() if demand_settled(queued=s.queued, last=s.last)]:
             del self._models[key]
 
@@ -164,22 +185,22 @@ class DemandSignaller:
         ]
         return max(min(delays), 0.01) if delays else None
 
-    async def _publish(self, key: ModelKey, queued: int) -> bool:
-        message = Demand(
-            model=key.name, namespace=key.namespace, queued=queued, source=self.source, time=self._clock.now()
-        )
+    async def _publish(self, key: ModelKey, queued: int, *, final: bool = False) -> bool:
+        now = self._clock.now()
+        when = self._last_sent.get(key, now) if final else now
+        self._last_sent[key] = when
+        message = Demand(model=key.name, namespace=key.namespace, queued=queued, source=self.source, time=when)
         try:
-            await asyncio.wait_for(
-                self._publisher.publish(
+            async with asyncio.timeout(self._publish_timeout):
+                await self._publisher.publish(
                     subjects.demand_subject(key.namespace, key.name),
                     message,
                     msg_id=f"{self.source}-{next(self._ids)}",
-                ),
-                timeout=self._publish_timeout,
-            )
+                )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self.last_error = describe_error(exc)
             if not self._failing:
                 self._failing = True
                 log.warning(
@@ -187,8 +208,14 @@ class DemandSignaller:
                     extra={"model": str(key), "error": repr(exc)},
                 )
             return False
+        self.last_error = None
         if self._failing:
             self._failing = False
             log.info("demand publishing works again", extra={"model": str(key)})
         log.debug("demand published", extra={"model": str(key), "queued": queued})
         return True
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__

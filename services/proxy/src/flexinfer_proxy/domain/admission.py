@@ -1,4 +1,10 @@
-"""What to do with a request for a model, and with a model's waiting requests when its route changes. Pure."""
+"""What to do with a request for a model, and with a model's waiting requests when its route changes. Pure.
+
+A route that carries a ``failure`` does not turn new requests away: the scheduler retries a failed model only when
+a request (its demand) names it again, so a new request queues and signals demand like for any parked model. Only
+the requests that were waiting when a failure was announced are answered 503 with its reason; a request that joined
+while that very failure was already on the route keeps waiting for the retry it asked for (``fails_waiter``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,6 @@ from flexinfer_common.messages import Route
 class Admission(StrEnum):
     FORWARD = "forward"
     QUEUE = "queue"
-    MODEL_FAILED = "model-failed"
     QUEUE_FULL = "queue-full"
     SHUTTING_DOWN = "shutting-down"
 
@@ -19,13 +24,11 @@ def admit(*, route: Route, queued: int, queue_max: int, shutting_down: bool) -> 
     """Decide a new request's fate from its model's route and how many requests already wait for it.
 
     A Ready model with nobody waiting is forwarded at once. While earlier requests still wait (a drain in progress),
-    a new one queues behind them, so requests reach the model in arrival order.
+    a new one queues behind them, so requests reach the model in arrival order. A failed model queues too (see the
+    module docstring).
     """
-    if route.ready:
-        if queued == 0:
-            return Admission.FORWARD
-    elif route.failure:
-        return Admission.MODEL_FAILED
+    if route.ready and queued == 0:
+        return Admission.FORWARD
     if shutting_down:
         return Admission.SHUTTING_DOWN
     if queued >= queue_max:
@@ -49,3 +52,40 @@ def queue_action(route: Route | None) -> QueueAction:
     if route.failure:
         return QueueAction.FAIL
     return QueueAction.HOLD
+
+
+#: A failure as announced on a route: its reason and the command generation it answers.
+FailureMark = tuple[str, int]
+
+
+def failure_mark(route: Route | None) -> FailureMark | None:
+    """The failure a route announces (None when it announces none)."""
+    if route is None or route.ready or not route.failure:
+        return None
+    return (route.failure, route.generation)
+
+
+def fails_waiter(*, seen: FailureMark | None, route: Route) -> bool:
+    """Whether a failed route answers a waiter 503: yes, unless the waiter joined while this same failure was
+    already announced (then its own demand is what makes the scheduler retry; it waits for that retry)."""
+    return failure_mark(route) != seen
+
+
+class TimeoutAnswer(StrEnum):
+    DEMAND_UNAVAILABLE = "demand-unavailable"
+    MODEL_FAILED = "model-failed"
+    QUEUE_TIMEOUT = "queue-timeout"
+
+
+def timeout_answer(*, route: Route | None, demand_signalled: bool) -> TimeoutAnswer:
+    """How to answer a request whose queue timeout ran out.
+
+    - Its demand never reached the bus (NATS down all along): 503 naming that, since nobody was asked to load it.
+    - The route still carries a failure (nobody retried): 503 naming the failure.
+    - Otherwise the model simply did not become Ready in time: 504.
+    """
+    if not demand_signalled:
+        return TimeoutAnswer.DEMAND_UNAVAILABLE
+    if failure_mark(route) is not None:
+        return TimeoutAnswer.MODEL_FAILED
+    return TimeoutAnswer.QUEUE_TIMEOUT

@@ -3,7 +3,8 @@
 - A request queued since the last report: report at once (with the current queue length).
 - Requests still wait: report again every refresh interval, so the demand never expires while they wait.
 - The queue emptied (drained, timed out, or its clients left): one final report with ``queued=0``.
-- A report that failed (bus down) is retried on the refresh tick, never in a tight loop.
+- A report that failed (bus down) is retried on the refresh tick, never in a tight loop (a final ``queued=0``
+  too: else the scheduler would go on counting requests that are long gone).
 - Forwarding to a Ready model reports activity (``queued=0``) at most once per activity interval.
 
 Times are monotonic seconds.
@@ -28,8 +29,8 @@ def demand_due(*, queued: int, joins: int, last: DemandReport | None, now: float
     """Whether to publish a demand report for one model now."""
     if last is None:
         return queued > 0
-    if not last.delivered:
-        return (queued > 0 or last.queued > 0) and now - last.at >= refresh_interval
+    if not last.delivered:  # the bus did not hear the last one (whatever it said): retry on the tick
+        return now - last.at >= refresh_interval
     if queued == 0:
         return last.queued > 0
     if joins > last.joins:
@@ -41,8 +42,7 @@ def demand_check_in(*, queued: int, last: DemandReport | None, now: float, refre
     """Seconds until ``demand_due`` may turn true with no new event; None when only an event can make it due."""
     if last is None:
         return None
-    waiting_to_retry = not last.delivered and (queued > 0 or last.queued > 0)
-    if waiting_to_retry or (last.delivered and queued > 0):
+    if not last.delivered or queued > 0:
         return max(0.0, last.at + refresh_interval - now)
     return None
 

@@ -17,6 +17,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     ROUTES_UNAVAILABLE = "routes_unavailable"
+    DEMAND_UNAVAILABLE = "demand_unavailable"
     BODY_TOO_LARGE = "body_too_large"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -99,6 +100,15 @@ def queue_full(model: str, limit: int, retry_after: int) -> ProxyError:
 
 def queue_timeout(model: str, waited_seconds: float) -> ProxyError:
     return ProxyError(504, ErrorCode.QUEUE_TIMEOUT, f"model '{model}' did not become ready within {waited_seconds:g}s")
+
+
+def demand_unavailable(model: str, waited_seconds: float, reason: str) -> ProxyError:
+    return ProxyError(
+        503,
+        ErrorCode.DEMAND_UNAVAILABLE,
+        f"could not ask for model '{model}' to be loaded within {waited_seconds:g}s (the bus is unreachable: "
+        f"{reason}); retry later",
+    )
 
 
 def shutting_down() -> ProxyError:

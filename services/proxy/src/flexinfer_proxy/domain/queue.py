@@ -18,6 +18,8 @@ class Waiter(Generic[T]):
     payload: T
     arrived_at: float
     released: bool = False
+    #: A failure the model's route already announced when this waiter joined (see ``admission.fails_waiter``).
+    seen_failure: tuple[str, int] | None = None
 
     def waited(self, now: float) -> float:
         return max(0.0, now - self.arrived_at)
@@ -37,8 +39,8 @@ class WaitQueue(Generic[T]):
     def __contains__(self, waiter: object) -> bool:
         return waiter in self._waiters
 
-    def join(self, payload: T, *, now: float) -> Waiter[T]:
-        waiter = Waiter(payload, now)
+    def join(self, payload: T, *, now: float, seen_failure: tuple[str, int] | None = None) -> Waiter[T]:
+        waiter = Waiter(payload, now, seen_failure=seen_failure)
         self._waiters[waiter] = None
         return waiter
 
@@ -48,6 +50,10 @@ class WaitQueue(Generic[T]):
             del self._waiters[waiter]
             return True
         return False
+
+    def in_order(self) -> Iterator[Waiter[T]]:
+        """The waiters in arrival order, without a copy: do not join or leave while iterating."""
+        return iter(self._waiters)
 
     def head(self) -> Waiter[T] | None:
         return next(iter(self._waiters), None)
@@ -59,6 +65,11 @@ class WaitQueue(Generic[T]):
             return None
         head.released = True
         return head
+
+    def take(self, waiters: list[Waiter[T]]) -> None:
+        """Remove these waiters (they are being answered)."""
+        for waiter in waiters:
+            self._waiters.pop(waiter, None)
 
     def take_all(self) -> list[Waiter[T]]:
         """Empty the queue; return its waiters in arrival order."""

@@ -1,4 +1,5 @@
-"""Reading what the proxy needs from a request: the ``model`` of an OpenAI-style JSON body, and header filtering.
+"""Reading what the proxy needs from a request: the ``model`` of an OpenAI-style JSON body, header filtering, the
+model's endpoint, and whether a request may be sent twice.
 
 The body is parsed once, only to find ``model``; the original bytes are what gets forwarded.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from flexinfer_proxy.domain.errors import invalid_request
 
@@ -61,3 +64,62 @@ def forwardable(headers: Iterable[tuple[str, str]], *, drop: frozenset[str] = fr
             continue
         kept.append((name, value))
     return kept
+
+
+_HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+
+
+def raw_connection_tokens(connection_header: bytes) -> frozenset[bytes]:
+    """``connection_tokens`` for raw (bytes) headers."""
+    return frozenset(t.strip().lower() for t in connection_header.split(b",") if t.strip())
+
+
+def forwardable_raw(
+    headers: Iterable[tuple[bytes, bytes]], *, drop: frozenset[bytes] = frozenset()
+) -> list[tuple[bytes, bytes]]:
+    """``forwardable`` for raw (bytes) headers, as they come off the wire: the hot path never decodes them."""
+    kept = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _HOP_BY_HOP_RAW or lower in drop or lower.startswith(b"proxy-"):
+            continue
+        kept.append((name, value))
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a model listens: ``http://host:port[/base]`` taken apart once."""
+
+    host: str
+    port: int
+    base_path: str  # "" or "/base" (no trailing slash): prefixed to every forwarded target
+
+
+def parse_endpoint(url: str) -> Endpoint:
+    """A route's ``endpoint``; ValueError when it is not a plain ``http://`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http:// endpoint: {url!r}")
+    return Endpoint(parts.hostname, parts.port or 80, parts.path.rstrip("/"))
+
+
+#: Methods that may be sent twice (RFC 9110 section 9.2.2, less PUT and DELETE, whose second try can surprise).
+RETRY_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: POST paths whose second try does no harm: an embedding is a pure function of its input, with no side effect
+#: and no stream, so sending it again costs only the model's time. Completions are not: the client may be billed
+#: or see different output, and a stream may have started.
+RETRY_SAFE_POSTS = frozenset({"/v1/embeddings"})
+
+
+def retry_safe(method: str, path: str, *, body_held: bool) -> bool:
+    """Whether a request whose answer never started may be sent once more.
+
+    ``path`` is the model-side path (no query); ``body_held``: the proxy holds the whole body (a streamed upload
+    cannot be replayed).
+    """
+    if not body_held:
+        return False
+    if method in RETRY_SAFE_METHODS:
+        return True
+    return method == "POST" and path.partition("?")[0] in RETRY_SAFE_POSTS

@@ -1,0 +1,436 @@
+"""The v1alpha1 ``GPUGroup`` election (``determine_active_model``), one row per rule of the seed ("Timing constants",
+"Priority semantics" for v1alpha1) and CONTRACT section 6: hysteresis window 10 s, request queue threshold 3,
+minimum run duration 30 s (the v1alpha1 swap cooldown), cooldown after preemption 60 s, idle timeout 300 s, demanded
+models sorted by priority descending, a GPU lease beats everything, forcePromotion beats the rest.
+
+``Member.queued`` is already the sum over proxies (``Store.load_world`` sums each source's latest count).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction
+from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, determine_active_model, elect
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, V1Alpha1Policy
+from flexinfer_scheduler.domain.plan import plan_group
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+POLICY = V1Alpha1Policy()
+
+
+def ago(**kw: float) -> datetime:
+    return NOW - timedelta(**kw)
+
+
+def model(
+    name: str,
+    *,
+    priority: int = 100,
+    queued: int = 0,
+    active: datetime | None = None,
+    ready: bool = False,
+    ready_since: datetime | None = None,
+    preempted: datetime | None = None,
+    idle_timeout: timedelta | None = None,
+    idle_parked: datetime | None = None,
+    failed: datetime | None = None,
+    force: bool = False,
+    promoted: datetime | None = None,
+) -> Member:
+    return Member(
+        key=ModelKey("default", name),
+        priority=priority,
+        queued=queued,
+        last_active_time=active,
+        preempted_at=preempted,
+        idle_timeout=idle_timeout,
+        idle_parked_at=idle_parked,
+        failed_at=failed,
+        force_promotion=force,
+        promoted_at=promoted,
+        runtime=RuntimePhase.READY.value if ready else None,
+        desired_action=ScaleAction.ACTIVATE if ready else None,
+        command_generation=1 if ready else 0,
+        runtime_generation=1 if ready else 0,
+        ready_since=(ready_since or ago(minutes=10)) if ready else None,
+    )
+
+
+def serving(
+    name: str = "a",
+    *,
+    priority: int = 100,
+    idle: timedelta | None = timedelta(minutes=2),
+    ready_since: datetime | None = None,
+    idle_timeout: timedelta | None = None,
+) -> Member:
+    """The incumbent: Ready (since ten minutes ago by default), its last request ``idle`` ago (None: never used)."""
+    return model(
+        name,
+        priority=priority,
+        ready=True,
+        active=None if idle is None else NOW - idle,
+        ready_since=ready_since,
+        idle_timeout=idle_timeout,
+    )
+
+
+def demand(name: str = "b", *, priority: int = 100, queued: int = 3, seen: timedelta = timedelta(seconds=1)) -> Member:
+    """A model with ``queued`` requests waiting, last signalled ``seen`` ago."""
+    return model(name, priority=priority, queued=queued, active=NOW - seen)
+
+
+def group(
+    *members: Member,
+    active: str | None = None,
+    leader_since: datetime | None = None,
+    lease: Lease | None = None,
+    policy: V1Alpha1Policy = POLICY,
+) -> GroupSnapshot:
+    return GroupSnapshot(
+        name="gpu",
+        members=members,
+        policy=GroupPolicy.V1ALPHA1,
+        v1alpha1=policy,
+        active=ModelKey("default", active) if active else None,
+        leader_since=leader_since if leader_since is not None else (ago(minutes=10) if active else None),
+        lease=lease,
+    )
+
+
+CASES = [
+    # Hysteresis window: demand counts while it was seen within the last 10 s.
+    pytest.param(
+        group(serving(), demand(seen=timedelta(seconds=10)), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="hysteresis-demand-seen-10s-ago-counts",
+    ),
+    pytest.param(
+        group(serving(), demand(seen=timedelta(seconds=11)), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="hysteresis-demand-older-than-10s-does-not-swap",
+    ),
+    pytest.param(
+        group(
+            serving(),
+            demand(seen=timedelta(seconds=25)),
+            active="a",
+            policy=V1Alpha1Policy(hysteresis_window=timedelta(seconds=30)),
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="hysteresis-window-from-policy",
+    ),
+    # Request queue threshold: 3 requests (summed over proxies) justify a swap.
+    pytest.param(
+        group(serving(), demand(queued=3), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="queue-threshold-3-requests-swaps",
+    ),
+    pytest.param(
+        group(serving(), demand(queued=2), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="queue-below-threshold-does-not-swap",
+    ),
+    pytest.param(
+        group(serving(), demand(queued=1), active="a", policy=V1Alpha1Policy(request_queue_threshold=1)),
+        "b",
+        ElectionReason.DEMAND,
+        id="queue-threshold-from-policy",
+    ),
+    pytest.param(
+        group(model("a"), demand(queued=1)),
+        "b",
+        ElectionReason.DEMAND,
+        id="queue-below-threshold-still-loads-an-empty-gpu",
+    ),
+    # Minimum run duration: the incumbent keeps the GPU for 30 s after it was elected.
+    pytest.param(
+        group(serving(), demand(), active="a", leader_since=ago(seconds=29)),
+        "a",
+        ElectionReason.MINIMUM_RUN,
+        id="minimum-run-30s-holds-the-incumbent",
+    ),
+    pytest.param(
+        group(serving(), demand(), active="a", leader_since=ago(seconds=30)),
+        "b",
+        ElectionReason.DEMAND,
+        id="minimum-run-over-at-30s",
+    ),
+    pytest.param(
+        group(
+            serving(),
+            demand(),
+            active="a",
+            leader_since=ago(seconds=50),
+            policy=V1Alpha1Policy(minimum_run_duration=timedelta(seconds=60)),
+        ),
+        "a",
+        ElectionReason.MINIMUM_RUN,
+        id="minimum-run-from-policy",
+    ),
+    # Cooldown after preemption: a preempted model may not take the GPU back within 60 s.
+    pytest.param(
+        group(serving(), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=59)), active="a"),
+        "a",
+        ElectionReason.COOLDOWN,
+        id="preempted-model-cannot-return-within-60s",
+    ),
+    pytest.param(
+        group(serving(), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=60)), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="preempted-model-returns-after-60s",
+    ),
+    pytest.param(
+        group(
+            serving(),
+            demand(),
+            model("c", preempted=ago(seconds=20)),
+            active="a",
+            leader_since=ago(seconds=30),
+        ),
+        "b",
+        ElectionReason.DEMAND,
+        id="another-models-preemption-does-not-stretch-the-30s-swap-cooldown",
+    ),
+    pytest.param(
+        group(
+            serving(),
+            model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=100)),
+            active="a",
+            policy=V1Alpha1Policy(cooldown_after_preemption=timedelta(seconds=120)),
+        ),
+        "a",
+        ElectionReason.COOLDOWN,
+        id="cooldown-after-preemption-from-policy",
+    ),
+    pytest.param(
+        group(model("a"), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=5))),
+        "b",
+        ElectionReason.DEMAND,
+        id="cooldown-never-keeps-an-empty-gpu-empty",
+    ),
+    # Idle timeout: an incumbent without a request for 300 s is parked.
+    pytest.param(
+        group(serving(idle=timedelta(seconds=300)), active="a"),
+        None,
+        ElectionReason.NO_CANDIDATE,
+        id="idle-timeout-300s-parks-the-incumbent",
+    ),
+    pytest.param(
+        group(serving(idle=timedelta(seconds=299)), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="idle-timeout-not-before-300s",
+    ),
+    pytest.param(
+        group(serving(idle=None, ready_since=ago(seconds=300)), active="a"),
+        None,
+        ElectionReason.NO_CANDIDATE,
+        id="idle-timeout-counts-from-ready-when-never-used",
+    ),
+    pytest.param(
+        group(
+            serving(idle=timedelta(seconds=200)), active="a", policy=V1Alpha1Policy(idle_timeout=timedelta(seconds=120))
+        ),
+        None,
+        ElectionReason.NO_CANDIDATE,
+        id="idle-timeout-from-policy",
+    ),
+    pytest.param(
+        group(serving(priority=200, idle=timedelta(seconds=400)), demand(priority=50, queued=1), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="idle-parked-incumbent-hands-the-gpu-to-a-waiting-model",
+    ),
+    # Priority: demanded models sort by priority descending; a busy incumbent takes part in the sort.
+    pytest.param(
+        group(model("a"), demand("b", priority=50), demand("c", priority=100)),
+        "c",
+        ElectionReason.DEMAND,
+        id="demanded-sorted-by-priority-desc",
+    ),
+    pytest.param(
+        group(model("a"), demand("b", seen=timedelta(seconds=5)), demand("c", seen=timedelta(seconds=2))),
+        "c",
+        ElectionReason.DEMAND,
+        id="equal-priority-most-recent-demand-first",
+    ),
+    pytest.param(
+        group(model("a"), demand("zeta"), demand("alpha")),
+        "alpha",
+        ElectionReason.DEMAND,
+        id="equal-priority-equal-time-alphabetical",
+    ),
+    pytest.param(
+        group(
+            serving(priority=50),
+            demand("b", priority=50),
+            demand("c", priority=100, seen=timedelta(seconds=8)),
+            active="a",
+        ),
+        "c",
+        ElectionReason.DEMAND,
+        id="highest-priority-demand-wins-over-more-recent-lower",
+    ),
+    pytest.param(
+        group(serving(priority=50, idle=timedelta(seconds=2)), demand(priority=100), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="higher-priority-demand-preempts-a-busy-incumbent",
+    ),
+    pytest.param(
+        group(serving(priority=100, idle=timedelta(seconds=2)), demand(priority=50, queued=10), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="lower-priority-demand-waits-for-a-busy-incumbent",
+    ),
+    pytest.param(
+        group(serving(priority=100, idle=timedelta(seconds=2)), demand(priority=100), active="a"),
+        "a",
+        ElectionReason.READY,
+        id="equal-priority-busy-incumbent-keeps-the-gpu",
+    ),
+    pytest.param(
+        group(serving(priority=100, idle=timedelta(seconds=11)), demand(priority=50), active="a"),
+        "b",
+        ElectionReason.DEMAND,
+        id="lower-priority-demand-wins-once-the-incumbent-is-idle",
+    ),
+    pytest.param(
+        group(
+            serving(priority=100, idle=timedelta(seconds=2)),
+            demand(priority=50),
+            active="a",
+            leader_since=ago(seconds=5),
+        ),
+        "a",
+        ElectionReason.READY,
+        id="busy-incumbent-is-no-minimum-run-question",
+    ),
+    # GPU lease and overrides.
+    pytest.param(
+        group(
+            serving(idle=timedelta(seconds=1)),
+            model("b", force=True),
+            demand("c", priority=1000),
+            active="a",
+            lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=5)),
+        ),
+        None,
+        ElectionReason.LEASE,
+        id="gpu-lease-beats-demand-busy-incumbent-and-forcePromotion",
+    ),
+    pytest.param(
+        group(serving(idle=timedelta(seconds=1)), active="a", lease=Lease("l", "gpu", "trainer", NOW)),
+        "a",
+        ElectionReason.READY,
+        id="expired-lease-is-ignored-at-expiresAt",
+    ),
+    pytest.param(
+        group(
+            serving(priority=200, idle=timedelta(seconds=1)),
+            model("b", priority=1, force=True, preempted=ago(seconds=5)),
+            active="a",
+            leader_since=ago(seconds=1),
+        ),
+        "b",
+        ElectionReason.FORCE_PROMOTION,
+        id="forcePromotion-beats-minimum-run-cooldown-priority-and-busy-incumbent",
+    ),
+    pytest.param(
+        group(serving(idle=timedelta(seconds=1)), model("b", promoted=ago(seconds=1)), demand("c"), active="a"),
+        "b",
+        ElectionReason.FORCE_PROMOTION,
+        id="promote-call-beats-demand",
+    ),
+    # Nothing to do, and models that may not run.
+    pytest.param(group(model("a"), model("b")), None, ElectionReason.NO_CANDIDATE, id="no-demand-no-leader"),
+    pytest.param(
+        group(model("a", failed=ago(seconds=30), queued=3, active=ago(seconds=31)), model("b")),
+        None,
+        ElectionReason.NO_CANDIDATE,
+        id="failed-model-left-out-until-asked-again",
+    ),
+    pytest.param(
+        group(model("a", failed=ago(seconds=30), queued=3, active=ago(seconds=1)), model("b")),
+        "a",
+        ElectionReason.DEMAND,
+        id="failed-model-back-once-asked-again",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+def test_determine_active_model(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
+    assert snapshot.v1alpha1 is not None
+    election = determine_active_model(snapshot, NOW, snapshot.v1alpha1)
+    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
+
+
+def test_defaults_are_the_seeds() -> None:
+    policy = V1Alpha1Policy()
+    assert policy.hysteresis_window == timedelta(seconds=10)
+    assert policy.request_queue_threshold == 3
+    assert policy.minimum_run_duration == timedelta(seconds=30)
+    assert policy.cooldown_after_preemption == timedelta(seconds=60)
+    assert policy.drain_timeout == timedelta(seconds=60)
+    assert policy.idle_timeout == timedelta(seconds=300)
+
+
+def test_idle_timeout_reports_the_parked_incumbent() -> None:
+    election = determine_active_model(group(serving(idle=timedelta(seconds=301)), active="a"), NOW, POLICY)
+    assert election.idle_expired == (ModelKey("default", "a"),)
+
+
+def test_the_group_policy_not_the_model_spec_sets_the_idle_timeout() -> None:
+    incumbent = serving(idle=timedelta(seconds=120), idle_timeout=timedelta(seconds=60))
+    assert determine_active_model(group(incumbent, active="a"), NOW, POLICY).leader == incumbent.key
+
+
+def test_elect_uses_the_v1alpha1_rules_for_a_gpugroup() -> None:
+    """The same snapshot elects differently under v1alpha2: there the 3-request threshold does not exist."""
+    snapshot = group(serving(idle=timedelta(minutes=3)), demand(queued=1), active="a")
+    assert elect(snapshot, NOW, ElectionParams()).leader == ModelKey("default", "a")
+    v1alpha2 = GroupSnapshot("gpu", snapshot.members, active=snapshot.active)
+    assert elect(v1alpha2, NOW, ElectionParams()).leader == ModelKey("default", "b")
+
+
+def test_a_swap_starts_the_preemption_cooldown_and_the_minimum_run() -> None:
+    """Through the planner: the swap marks the old model preempted, and the new one runs at least 30 s."""
+    first = plan_group(
+        group(serving(), demand(), active="a"),
+        NOW,
+        ElectionParams(),
+        command_retry=timedelta(seconds=10),
+        new_swap_id="s1",
+    )
+    assert first.active == ModelKey("default", "b")
+    assert first.member_updates[ModelKey("default", "a")]["preempted_at"] == NOW
+    assert first.leader_since == NOW
+
+    def challenged_at(seconds: int) -> GroupSnapshot:
+        """``a`` (priority 200, preempted by that swap) has 3 requests waiting ``seconds`` after it."""
+        now = NOW + timedelta(seconds=seconds)
+        return group(
+            model("a", priority=200, queued=3, active=now, preempted=NOW),
+            model("b", ready=True, ready_since=NOW, active=now - timedelta(seconds=20)),
+            active="b",
+            leader_since=NOW,
+        )
+
+    def elected(seconds: int) -> tuple[str | None, ElectionReason]:
+        election = determine_active_model(challenged_at(seconds), NOW + timedelta(seconds=seconds), POLICY)
+        return (election.leader.name if election.leader else None, election.reason)
+
+    assert elected(29) == ("b", ElectionReason.MINIMUM_RUN)
+    assert elected(45) == ("b", ElectionReason.COOLDOWN)
+    assert elected(60) == ("a", ElectionReason.DEMAND)

@@ -3,7 +3,7 @@ they decide nothing themselves."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Response
@@ -15,6 +15,7 @@ from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_res
 from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
 from flexinfer_scheduler.adapters.store import SOLO_PREFIX, Store
 from flexinfer_scheduler.domain.election import cooldown_remaining
+from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.loop import Scheduler, model_status
 
 
@@ -161,7 +162,7 @@ def create_app(
 
 
 def group_json(
-    snapshot: Any, row: GroupRow | None, models: dict[Any, ModelRow], now: Any, scheduler: Scheduler
+    snapshot: GroupSnapshot, row: GroupRow | None, models: dict[ModelKey, ModelRow], now: datetime, scheduler: Scheduler
 ) -> dict[str, Any]:
     lease = snapshot.lease if snapshot.lease is not None and snapshot.lease.is_active(now) else None
     active_row = models.get(snapshot.active) if snapshot.active else None

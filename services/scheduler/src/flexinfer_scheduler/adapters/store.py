@@ -144,8 +144,17 @@ def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
     )
 
 
-class LeaseReadError(Exception):
-    pass
+async def _upsert(
+    session: AsyncSession, row_type: type[GroupRow] | type[SwapRow], key: str, rows: list[dict[str, Any]]
+) -> None:
+    """INSERT ... ON CONFLICT (key) DO UPDATE for many rows of the same columns, in one executemany."""
+    if not rows:
+        return
+    stmt = insert(row_type)
+    await session.execute(
+        stmt.on_conflict_do_update(index_elements=[key], set_={c: stmt.excluded[c] for c in rows[0] if c != key}),
+        rows,
+    )
 
 
 class Store:
@@ -321,15 +330,7 @@ class Store:
         if not (group_values or model_values or swap_values):
             return
         async with self.sessions.begin() as session:
-            if group_values:
-                stmt = insert(GroupRow)
-                await session.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[GroupRow.name],
-                        set_={c: stmt.excluded[c] for c in group_values[0] if c != "name"},
-                    ),
-                    group_values,
-                )
+            await _upsert(session, GroupRow, "name", group_values)
             table = cast(Table, ModelRow.__table__)
             conn = await session.connection()
             for columns, rows in model_values.items():
@@ -339,15 +340,7 @@ class Store:
                     .values({c: bindparam(c) for c in columns if not c.startswith("b_")})
                 )
                 await conn.execute(by_key, rows)
-            if swap_values:
-                stmt = insert(SwapRow)
-                await session.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[SwapRow.id],
-                        set_={c: stmt.excluded[c] for c in swap_values[0] if c != "id"},
-                    ),
-                    swap_values,
-                )
+            await _upsert(session, SwapRow, "id", swap_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(

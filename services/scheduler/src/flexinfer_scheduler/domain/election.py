@@ -19,7 +19,7 @@ incumbent idle past the idle timeout is parked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -116,18 +116,27 @@ def _forced(snapshot: GroupSnapshot) -> Member | None:
     return max(promoted, key=lambda m: (m.promoted_at, m.key)) if promoted else None
 
 
-def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
-    """The v1alpha2 election (see the module docstring). Pure: reads only its arguments."""
+def _overrides_then_candidates(
+    snapshot: GroupSnapshot, now: datetime, idle_timeout: Callable[[Member], timedelta | None]
+) -> Election | tuple[tuple[ModelKey, ...], list[Member]]:
+    """What both elections do first: an unexpired lease means no leader; forcePromotion or a promote call wins
+    next. Otherwise (members idle past their timeout, the members that may run)."""
     if lease_is_active(snapshot.lease, now):
         assert snapshot.lease is not None
         return Election(None, ElectionReason.LEASE, detail=f"gpu-lease/{snapshot.lease.owner}")
-
     forced = _forced(snapshot)
     if forced is not None:
         return Election(forced.key, ElectionReason.FORCE_PROMOTION)
+    expired = tuple(m.key for m in snapshot.members if idle_timeout_expired(m, now, idle_timeout(m)))
+    return expired, [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
 
-    expired = tuple(m.key for m in snapshot.members if idle_timeout_expired(m, now, m.idle_timeout))
-    candidates = [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
+
+def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
+    """The v1alpha2 election (see the module docstring). Pure: reads only its arguments."""
+    first = _overrides_then_candidates(snapshot, now, lambda m: m.idle_timeout)
+    if isinstance(first, Election):
+        return first
+    expired, candidates = first
 
     active = snapshot.member(snapshot.active)
     # Stage 1: anti-thrashing.
@@ -169,15 +178,10 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     preempted, for the cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent
     idle past the idle timeout is parked.
     """
-    if lease_is_active(snapshot.lease, now):
-        assert snapshot.lease is not None
-        return Election(None, ElectionReason.LEASE, detail=f"gpu-lease/{snapshot.lease.owner}")
-    forced = _forced(snapshot)
-    if forced is not None:
-        return Election(forced.key, ElectionReason.FORCE_PROMOTION)
-
-    expired = tuple(m.key for m in snapshot.members if idle_timeout_expired(m, now, policy.idle_timeout))
-    candidates = [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
+    first = _overrides_then_candidates(snapshot, now, lambda _: policy.idle_timeout)
+    if isinstance(first, Election):
+        return first
+    expired, candidates = first
     active = snapshot.member(snapshot.active)
     incumbent = active if active is not None and active in candidates else None
 

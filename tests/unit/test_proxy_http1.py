@@ -197,16 +197,18 @@ async def test_failures_before_and_after_the_answer_started(client: Http1Client)
         return False
 
     async with Server(hang_up) as server:
-        with pytest.raises(UpstreamConnectionError, match="closed the connection"):
+        with pytest.raises(UpstreamConnectionError, match="closed the connection") as closed:
             await client.request("GET", "127.0.0.1", server.port, "/", [], None)
+        assert not closed.value.never_connected, "the request went out"
     async with Server(break_mid_body) as server:
         answer = await client.request("GET", "127.0.0.1", server.port, "/", [], None)
         with pytest.raises(UpstreamStreamError):
             await read_all(answer)
         answer.close()
     unused = server.port  # closed now: nothing listens
-    with pytest.raises(UpstreamConnectionError, match="ConnectionRefusedError"):
+    with pytest.raises(UpstreamConnectionError, match="ConnectionRefusedError") as refused:
         await client.request("GET", "127.0.0.1", unused, "/", [], None)
+    assert refused.value.never_connected, "nothing was sent"
 
 
 async def test_a_connection_the_model_closed_while_idle_is_not_reused(client: Http1Client) -> None:

@@ -30,8 +30,8 @@ from flexinfer_common.metrics import PROXY_COLD_STARTS, PROXY_REQUESTS, render_l
 from flexinfer_proxy.adapters.demand import DemandSignaller
 from flexinfer_proxy.adapters.upstream import Upstream
 from flexinfer_proxy.domain import errors
-from flexinfer_proxy.domain.admission import Admission, admit
-from flexinfer_proxy.domain.errors import ProxyError
+from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure
+from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.requests import model_of, retry_safe
 from flexinfer_proxy.domain.routes import ModelKey, Resolved, RouteTable
 from flexinfer_proxy.queues import ModelQueues
@@ -85,6 +85,7 @@ class ProxyHandler:
         retry_after: int,
         max_body: int,
         admin_token: str | None,
+        suspect_for: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._routes = routes
@@ -99,6 +100,7 @@ class ProxyHandler:
         self._retry_after = retry_after
         self._max_body = max_body
         self._admin_token = admin_token.encode() if admin_token else None
+        self._suspect_for = suspect_for
         self._monotonic = monotonic
         self._counters: dict[tuple[ModelKey, int], Counter] = {}
         self.shutting_down = False
@@ -186,14 +188,17 @@ class ProxyHandler:
             )
             if decision is Admission.FORWARD:
                 self._demand.activity(key)
-                response = await self._upstream.forward(
-                    request,
-                    endpoint=_endpoint(key, route),
-                    target=target,
-                    model=str(key),
-                    body=body,
-                    retry=self._retry_safe(request, target, body),
-                )
+                try:
+                    response = await self._upstream.forward(
+                        request,
+                        endpoint=_endpoint(key, route),
+                        target=target,
+                        model=str(key),
+                        body=body,
+                        retry=self._retry_safe(request, target, body),
+                    )
+                except NeverConnected as failed:
+                    response = await self._requeue(request, key, route, target, body, failed, requeues=0, since=None)
             elif decision is Admission.QUEUE:
                 response = await self._wait_and_forward(request, key, target, body)
             elif decision is Admission.QUEUE_FULL:
@@ -211,30 +216,84 @@ class ProxyHandler:
         return retry_safe(request.method, target, body_held=body is not None or not request.body_exists)
 
     async def _wait_and_forward(
-        self, request: web.BaseRequest, key: ModelKey, target: str, body: bytes | None
+        self,
+        request: web.BaseRequest,
+        key: ModelKey,
+        target: str,
+        body: bytes | None,
+        *,
+        requeues: int = 0,
+        since: float | None = None,
     ) -> web.StreamResponse:
+        """Queue, then forward. ``requeues``: how many times the request came back after connecting failed;
+        ``since``: when it first started waiting (its ``X-FlexInfer-Queue-Wait-Ms`` counts from there)."""
         waiter = self._queues.join(key)
+        if since is None:
+            since = waiter.arrived_at
         try:
             route = await self._queues.wait_turn(key, waiter)
-            waited_ms = round(waiter.waited(self._monotonic()) * 1000)
+            waited_ms = round((self._monotonic() - since) * 1000)
             PROXY_COLD_STARTS.labels(namespace=key.namespace, model=key.name).inc()
             self._demand.activity(key)
 
             def started() -> None:
                 self._queues.leave(key, waiter)
 
-            return await self._upstream.forward(
-                request,
-                endpoint=_endpoint(key, route),
-                target=target,
-                model=str(key),
-                body=body,
-                retry=self._retry_safe(request, target, body),
-                extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
-                on_sent=started,
-            )
+            try:
+                return await self._upstream.forward(
+                    request,
+                    endpoint=_endpoint(key, route),
+                    target=target,
+                    model=str(key),
+                    body=body,
+                    retry=self._retry_safe(request, target, body),
+                    extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
+                    on_sent=started,
+                )
+            except NeverConnected as exc:
+                failed = exc
         finally:
             self._queues.leave(key, waiter)
+        return await self._requeue(request, key, route, target, body, failed, requeues=requeues, since=since)
+
+    async def _requeue(
+        self,
+        request: web.BaseRequest,
+        key: ModelKey,
+        route: Route,
+        target: str,
+        body: bytes | None,
+        failed: NeverConnected,
+        *,
+        requeues: int,
+        since: float | None,
+    ) -> web.StreamResponse:
+        """Connecting to the model failed, so nothing was sent: wait in its queue for the route to be Ready again
+        (``route`` counts as not Ready here for ``suspect_for``) instead of answering 502, a bounded number of times.
+        """
+        answer = after_connect_failure(
+            never_connected=True,
+            body_held=body is not None or not request.body_exists,
+            requeues=requeues,
+            queued=self._queues.length(key),
+            queue_max=self._queue_max,
+            shutting_down=self.shutting_down,
+        )
+        if answer is ConnectFailure.UNAVAILABLE:
+            raise failed
+        if answer is ConnectFailure.SHUTTING_DOWN:
+            raise errors.shutting_down()
+        if answer is ConnectFailure.QUEUE_FULL:
+            raise errors.queue_full(str(key), self._queue_max, self._retry_after)
+        if self._routes.suspect(key, route):
+            log.info("cannot connect to the model: its requests wait", extra={"model": str(key), "error": str(failed)})
+            asyncio.get_running_loop().call_later(self._suspect_for, self._unsuspect, key, route)
+        return await self._wait_and_forward(request, key, target, body, requeues=requeues + 1, since=since)
+
+    def _unsuspect(self, key: ModelKey, route: Route) -> None:
+        """The ``suspect`` mark ran out with no newer route from the KV: its route applies again (waiters try it)."""
+        if self._routes.unsuspect(key, route):
+            self._queues.route_changed(key)
 
     def _count(self, key: ModelKey, status: int) -> None:
         counter = self._counters.get((key, status))

@@ -81,6 +81,7 @@ class Proxy:
             retry_after=settings.proxy_retry_after,
             max_body=settings.proxy_max_request_body,
             admin_token=settings.admin_token_value(),
+            suspect_for=settings.proxy_suspect_for.total_seconds(),
             monotonic=monotonic,
         )
         self._runner: web.ServerRunner | None = None

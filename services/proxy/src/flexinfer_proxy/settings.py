@@ -22,6 +22,11 @@ class ProxySettings(CommonSettings):
     proxy_connect_timeout: Duration = Field(
         timedelta(seconds=10), description="How long connecting to a model may take before answering 502"
     )
+    proxy_suspect_for: Duration = Field(
+        timedelta(seconds=2),
+        description="After connecting to a Ready model failed, how long it counts as not Ready here (its requests "
+        "wait) unless a newer route comes first",
+    )
     proxy_retry_after: int = Field(5, ge=1, description="Retry-After seconds on a 429 (queue full)")
     proxy_shutdown_timeout: Duration = Field(
         timedelta(seconds=10), description="How long in-flight requests may run on after SIGTERM"

@@ -12,7 +12,8 @@ through unchanged), and HTTP/1.1 only (what model servers speak on the cluster n
 - The answer's body is handed out chunk by chunk as it arrives (SSE goes through event by event); when the caller
   reads slower than the model writes, reading from the model pauses (backpressure) above ``HIGH_WATER`` bytes.
 - ``UpstreamConnectionError`` means no byte of an answer arrived (connect failed, or the connection closed/reset
-  first); ``.reused`` tells whether it happened on a pooled connection. Anything after the head is a broken stream.
+  first); ``.reused`` tells whether it happened on a pooled connection, ``.never_connected`` that connecting failed
+  (refused, timed out), so no byte of the request went out. Anything after the head is a broken stream.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ Header = tuple[bytes, bytes]
 
 
 class UpstreamConnectionError(ConnectionError):
-    """The model's answer never started: connecting failed, or the connection closed or broke first."""
+    """The model's answer never started: connecting failed, or the connection closed or broke first.
 
-    def __init__(self, reason: str, *, reused: bool = False) -> None:
+    ``never_connected``: connecting failed (refused, timed out), so no byte of the request went out and sending it
+    again later is always safe.
+    """
+
+    def __init__(self, reason: str, *, reused: bool = False, never_connected: bool = False) -> None:
         super().__init__(reason)
         self.reused = reused
+        self.never_connected = never_connected
 
 
 class UpstreamStreamError(ConnectionError):
@@ -334,9 +340,13 @@ class Http1Client:
         except BaseException as exc:
             self.connection_closed()
             if isinstance(exc, TimeoutError):
-                raise UpstreamConnectionError(f"connecting timed out after {self._connect_timeout:g}s") from None
+                raise UpstreamConnectionError(
+                    f"connecting timed out after {self._connect_timeout:g}s", never_connected=True
+                ) from None
             if isinstance(exc, OSError):
-                raise UpstreamConnectionError(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+                raise UpstreamConnectionError(
+                    f"{type(exc).__name__}: {exc.strerror or exc}", never_connected=True
+                ) from None
             raise
         return protocol
 

@@ -9,7 +9,8 @@ Failures:
 - The answer never started (connect refused, connection reset or closed first): the request is tried once more
   when that is safe (``domain.requests.retry_safe``: GET/HEAD/OPTIONS without a streamed body, and
   ``POST /v1/embeddings`` whose body the proxy holds), else, and after a second failure, 502 ``upstream_unavailable``
-  naming the reason.
+  naming the reason. When connecting failed (nothing was sent) that 502 is a ``NeverConnected``: the handler may
+  queue the request again instead (``domain.admission.after_connect_failure``).
 - The answer started and then broke: too late for a status, so both connections are cut and the client sees a
   truncated answer, never a complete-looking one.
 - The client left (its handler is cancelled): the model connection is closed, so the model can stop generating.
@@ -24,7 +25,7 @@ from aiohttp.streams import StreamReader
 
 from flexinfer_common.logs import get_logger
 from flexinfer_proxy.adapters.http1 import Answer, Http1Client, UpstreamConnectionError, UpstreamStreamError
-from flexinfer_proxy.domain.errors import upstream_unavailable
+from flexinfer_proxy.domain.errors import upstream_never_connected, upstream_unavailable
 from flexinfer_proxy.domain.requests import (
     Endpoint,
     forwardable_raw,
@@ -126,6 +127,8 @@ class Upstream:
                 if attempt + 1 < attempts:
                     log.debug("retrying after a connection error", extra={"model": model, "error": str(exc)})
                     continue
+                if exc.never_connected:
+                    raise upstream_never_connected(model, str(exc)) from None
                 raise upstream_unavailable(model, str(exc)) from None
             except UpstreamStreamError as exc:
                 raise upstream_unavailable(model, str(exc)) from None

@@ -36,6 +36,43 @@ def admit(*, route: Route, queued: int, queue_max: int, shutting_down: bool) -> 
     return Admission.QUEUE
 
 
+#: How many times one request may go back into its model's queue after connecting to the model failed.
+MAX_REQUEUES = 2
+
+
+class ConnectFailure(StrEnum):
+    REQUEUE = "requeue"
+    UNAVAILABLE = "unavailable"
+    QUEUE_FULL = "queue-full"
+    SHUTTING_DOWN = "shutting-down"
+
+
+def after_connect_failure(
+    *,
+    never_connected: bool,
+    body_held: bool,
+    requeues: int,
+    queued: int,
+    queue_max: int,
+    shutting_down: bool,
+    max_requeues: int = MAX_REQUEUES,
+) -> ConnectFailure:
+    """What to do with a request whose forward failed before any answer (the retries of ``retry_safe`` done).
+
+    When connecting failed (refused, timed out), no byte of the request went out: sending it again later is always
+    safe, so a request whose body the proxy holds waits in its model's queue (as for a model that is not Ready)
+    instead of hearing 502, at most ``max_requeues`` times. A connection that broke after the request went out, or a
+    streamed upload (it cannot be replayed), is 502 ``upstream_unavailable`` as before.
+    """
+    if not never_connected or not body_held or requeues >= max_requeues:
+        return ConnectFailure.UNAVAILABLE
+    if shutting_down:
+        return ConnectFailure.SHUTTING_DOWN
+    if queued >= queue_max:
+        return ConnectFailure.QUEUE_FULL
+    return ConnectFailure.REQUEUE
+
+
 class QueueAction(StrEnum):
     RELEASE = "release"
     HOLD = "hold"

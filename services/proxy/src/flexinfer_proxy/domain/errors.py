@@ -119,6 +119,15 @@ def upstream_unavailable(model: str, reason: str) -> ProxyError:
     return ProxyError(502, ErrorCode.UPSTREAM_UNAVAILABLE, f"cannot reach model '{model}': {reason}")
 
 
+class NeverConnected(ProxyError):
+    """502 ``upstream_unavailable`` because connecting to the model failed (refused, timed out): no byte of the
+    request went out, so it may be queued again instead (``admission.after_connect_failure``)."""
+
+
+def upstream_never_connected(model: str, reason: str) -> NeverConnected:
+    return NeverConnected(502, ErrorCode.UPSTREAM_UNAVAILABLE, f"cannot reach model '{model}': {reason}")
+
+
 def routes_unavailable() -> ProxyError:
     return ProxyError(503, ErrorCode.ROUTES_UNAVAILABLE, "the proxy has not loaded its model routes yet; retry soon")
 

@@ -58,6 +58,7 @@ class RouteTable:
         self._routes: dict[ModelKey, Route] = {}
         self._by_name: dict[str, dict[str, ModelKey]] = {}
         self._by_label: dict[str, set[ModelKey]] = {}
+        self._suspected: dict[ModelKey, Route] = {}  # key -> its route from the KV, while ``suspect`` replaces it
         for route in routes:
             self.put(route)
 
@@ -77,17 +78,40 @@ class RouteTable:
         return self._routes.get(key)
 
     def put(self, route: Route) -> ModelKey:
-        """Add or replace a route; return its key."""
+        """Add or replace a route (it ends a ``suspect`` mark of the model); return its key."""
         key = key_of(route)
+        self._suspected.pop(key, None)
+        self._store(key, route)
+        return key
+
+    def suspect(self, key: ModelKey, route: Route) -> bool:
+        """Treat the model as not Ready locally: connecting to ``route``'s endpoint failed. Only when ``route`` is
+        still the model's Ready route here (else a newer one came, or it is marked already): False then.
+        The mark ends with ``unsuspect``, or at once when a route for the model comes (``put``, ``replace``)."""
+        if self._routes.get(key) is not route or not route.ready:
+            return False
+        self._suspected[key] = route
+        self._store(key, route.model_copy(update={"ready": False}))
+        return True
+
+    def unsuspect(self, key: ModelKey, route: Route) -> bool:
+        """Put back ``route``, which ``suspect`` replaced, unless a newer route came meanwhile; True when it did."""
+        if self._suspected.get(key) is not route:
+            return False
+        del self._suspected[key]
+        self._store(key, route)
+        return True
+
+    def _store(self, key: ModelKey, route: Route) -> None:
         self._unindex(key)
         self._routes[key] = route
         self._by_name.setdefault(route.name, {})[route.namespace] = key
         for label in route.service_labels:
             self._by_label.setdefault(label, set()).add(key)
-        return key
 
     def remove(self, key: ModelKey) -> Route | None:
         """Forget a model; return the route it had."""
+        self._suspected.pop(key, None)
         route = self._unindex(key)
         self._routes.pop(key, None)
         return route

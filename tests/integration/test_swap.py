@@ -93,8 +93,13 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(
             assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
             assert headers.get("X-FlexInfer-Cold-Start") == "true"
             assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) > 0
+        # The proxy releases the queue in arrival order: each request is written to the model before the next is
+        # released. On several connections the model's server may still begin two of them in either order (a new
+        # connection's accept races a keep-alive read), so a neighbour swap is tolerated; anything more is a bug.
         numbers = [response_number(body) for _, body, _ in results]
-        assert numbers == sorted(numbers), f"requests reached b out of arrival order: {numbers}"
+        first = min(numbers)
+        assert sorted(numbers) == list(range(first, first + len(numbers))), numbers
+        assert all(abs((n - first) - i) <= 1 for i, n in enumerate(numbers)), f"drained out of arrival order: {numbers}"
 
         assert all(len(running) <= 1 for running in watcher.seen), f"two models ran at once: {watcher.seen}"
         assert frozenset({"a"}) in watcher.seen and watcher.seen[-1] == frozenset({"b"})

@@ -285,6 +285,8 @@ class ProxyHandler:
             raise errors.shutting_down()
         if answer is ConnectFailure.QUEUE_FULL:
             raise errors.queue_full(str(key), self._queue_max, self._retry_after)
+        if since is not None and (waited := self._monotonic() - since) >= self._queue_timeout:
+            raise errors.queue_timeout(str(key), waited)  # no fresh queue timeout for a request that waited one out
         if self._routes.suspect(key, route):
             log.info("cannot connect to the model: its requests wait", extra={"model": str(key), "error": str(failed)})
             asyncio.get_running_loop().call_later(self._suspect_for, self._unsuspect, key, route)

@@ -4,6 +4,7 @@ that needs only this (the proxy) does not import FastAPI and uvicorn."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from collections.abc import Callable, Coroutine
@@ -13,7 +14,17 @@ from flexinfer_common.logs import get_logger
 
 log = get_logger("flexinfer.service")
 
-__all__ = ["run_until_signalled"]
+__all__ = ["run_until_signalled", "tune_gc"]
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a long-running service: the objects alive after start (modules,
+    settings, pydantic schemas: hundreds of thousands) are frozen out of every later collection, and the youngest
+    generation is collected every 10,000 allocations instead of 700. Measured: full collections otherwise stall the
+    event loop for tens of milliseconds (the proxy's first-chunk p99, the scheduler's demand-to-command tail)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.logs import configure_logging, get_logger
-from flexinfer_common.runner import run_until_signalled
+from flexinfer_common.runner import run_until_signalled, tune_gc
 from flexinfer_common.settings import SettingsError, load_settings
 from flexinfer_proxy.app import Proxy
 from flexinfer_proxy.settings import ProxySettings
@@ -30,16 +29,6 @@ async def serve(settings: ProxySettings, stop: asyncio.Event) -> None:
     finally:
         await proxy.stop()
         await bus.close()
-
-
-def tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for a proxy: the objects alive after start (modules, settings,
-    pydantic schemas: hundreds of thousands) are frozen out of every later collection, and the youngest generation
-    is collected every 10,000 allocations instead of 700. Measured with bench/proxy_streaming.py: full collections
-    over 1,000 open streams otherwise stall the event loop for tens of milliseconds (p99 of the first chunk)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 20, 20)
 
 
 def run() -> None:

@@ -8,6 +8,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.logs import get_logger
+from flexinfer_common.runner import tune_gc
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
@@ -33,6 +34,7 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     )
     http = HttpServer(app, host=settings.bind_host, port=settings.scheduler_port, name="scheduler")
     await http.start()
+    tune_gc()
     log.info("scheduler listening", extra={"port": http.port})
     try:
         await scheduler.run(stop)

@@ -65,6 +65,7 @@ TIMINGS = {
     "demand_refresh_interval": 0.5,
     "activity_report_interval": 0.2,
     "command_retry": 2,
+    "restart_backoff": 1,
     "load_timeout": 30,
     "queue_timeout": 60,
 }

@@ -119,3 +119,30 @@ def test_failed_load_is_reported_and_the_model_left_out() -> None:
     assert result.active == B
     assert result.statuses[A].phase == ModelPhase.FAILED
     assert result.statuses[A].failure == "exit code 1: CUDA out of memory"
+
+
+def test_a_crash_after_ready_is_restarted_no_sooner_than_the_backoff() -> None:
+    """A crash loop costs at most one load per back-off (counted from the last activate), like CrashLoopBackOff."""
+    started = NOW - timedelta(seconds=3)
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Failed",
+        runtime_message="exit code 139",
+        command_issued_at=started,
+        ready_since=started + timedelta(seconds=1),
+        last_active_time=NOW - timedelta(seconds=1),
+    )
+    snapshot = GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=started)
+
+    def activates(now: datetime) -> list[tuple[ModelKey, int]]:
+        result = plan_group(
+            snapshot, now, ElectionParams(), command_retry=RETRY, new_swap_id="s", restart_backoff=timedelta(seconds=10)
+        )
+        return [(c.key, c.generation) for c in result.commands if c.action == ScaleAction.ACTIVATE]
+
+    assert activates(NOW) == []  # 3 s after its last start: wait
+    assert activates(started + timedelta(seconds=10)) == [(A, 2)]  # then a fresh activate

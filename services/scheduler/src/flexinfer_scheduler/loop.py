@@ -289,6 +289,7 @@ class Scheduler:
                 self.params,
                 command_retry=self.settings.command_retry,
                 new_swap_id=new_id(),
+                restart_backoff=self.settings.restart_backoff,
             )
             for group in world.groups
         ]

@@ -7,5 +7,7 @@ from flexinfer_common.settings import CommonSettings, Duration
 
 class SchedulerSettings(CommonSettings):
     command_retry: Duration = timedelta(seconds=10)
+    # A model that crashed after it was Ready is restarted at most once per this (counted from its last activate).
+    restart_backoff: Duration = timedelta(seconds=10)
     leader_lock_id: int = 0x466C6578  # "Flex"
     prune_after: Duration = timedelta(hours=1)

@@ -146,7 +146,10 @@ def plan_group(
     *,
     command_retry: timedelta,
     new_swap_id: str,
+    restart_backoff: timedelta = timedelta(0),
 ) -> GroupPlan:
+    """``restart_backoff``: a model that crashed after it was Ready is restarted no sooner than this after its
+    previous activate (a crash loop costs at most one load per back-off, as Kubernetes' CrashLoopBackOff)."""
     snapshot, updates = _note_failures(snapshot, now)
     election = elect(snapshot, now, params)
     leader = election.leader
@@ -199,7 +202,11 @@ def plan_group(
     commands: list[Command] = []
     for m in members:
         want = ScaleAction.ACTIVATE if m.key == leader else ScaleAction.PARK
-        restart = want == ScaleAction.ACTIVATE and _needs_restart(m)
+        restart = (
+            want == ScaleAction.ACTIVATE
+            and _needs_restart(m)
+            and (m.command_issued_at is None or now - m.command_issued_at >= restart_backoff)
+        )
         fresh = m.desired_action != want or restart
         if want == ScaleAction.ACTIVATE and fresh and not others_parked:
             continue  # never two on one GPU: activate only once every other member is confirmed parked

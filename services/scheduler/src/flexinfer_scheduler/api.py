@@ -13,7 +13,7 @@ from flexinfer_common.clock import Clock, rfc3339
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
-from flexinfer_scheduler.adapters.store import SOLO_PREFIX, Store
+from flexinfer_scheduler.adapters.store import Store, visible_group
 from flexinfer_scheduler.domain.election import cooldown_remaining
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.loop import Scheduler, model_status
@@ -137,7 +137,7 @@ def create_app(
         rows = {g.name: g for g in await store.groups()}
         out = []
         for snapshot in world.groups:
-            if snapshot.name.startswith(SOLO_PREFIX):
+            if visible_group(snapshot.name) is None:
                 continue
             out.append(group_json(snapshot, rows.get(snapshot.name), world.models, now, scheduler))
         return out

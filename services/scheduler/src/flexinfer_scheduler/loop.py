@@ -26,7 +26,6 @@ from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
 from flexinfer_common.enums import ScaleAction, SwapPhase
 from flexinfer_common.logs import get_logger
-from flexinfer_common.manifests import Model
 from flexinfer_common.messages import (
     ActuatorHello,
     Demand,
@@ -47,7 +46,7 @@ from flexinfer_common.metrics import (
     SWAP_DURATION,
     SWAPS,
 )
-from flexinfer_scheduler.adapters.store import Store
+from flexinfer_scheduler.adapters.store import Store, spec_facts, visible_group
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import ModelKey
 from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
@@ -401,7 +400,7 @@ class Scheduler:
         facts = self.store.spec_facts(row)
         ready = view.ready and row.desired_action == ScaleAction.ACTIVATE.value
         fields = (
-            None if group.startswith("solo.") else group,
+            visible_group(group),
             row.priority,
             facts.service_labels,
             view.phase,
@@ -456,33 +455,34 @@ class Scheduler:
             self._routes.pop(key, None)
             self._statuses.pop(key, None)
 
+    async def _routes_kv(self) -> Any:
+        if self._kv is None:
+            self._kv = await self.bus.routes()
+        return self._kv
+
     async def announce(self, row: ModelRow) -> None:
         """A new model: tell the proxies at once that it exists (not ready yet), so a request sent right after
         ``flexinfer apply`` queues instead of getting 404. Only for new models: an existing route is the
         leader's to change."""
-        if self._kv is None:
-            self._kv = await self.bus.routes()
-        model = Model.model_validate(row.manifest)  # a fresh row from the admin API, manifest loaded
+        facts = spec_facts(row.manifest)  # a fresh row from the admin API: the manifest is loaded
         route = Route(
             namespace=row.namespace,
             name=row.name,
-            group=None if (row.group_name or "").startswith("solo.") else row.group_name,
+            group=visible_group(row.group_name),
             priority=row.priority,
-            service_labels=model.spec.service_labels,
+            service_labels=list(facts.service_labels),
             updated_at=self.clock.now(),
         )
         try:
-            await self._kv.create(subjects.route_key(row.namespace, row.name), route.to_bytes())
+            await (await self._routes_kv()).create(subjects.route_key(row.namespace, row.name), route.to_bytes())
         except Exception as exc:
             log.debug("route already announced", extra={"model": f"{row.namespace}/{row.name}", "error": repr(exc)})
 
     async def forget_route(self, namespace: str, name: str) -> None:
         """A model was deleted through the admin API: the proxy must stop knowing it at once."""
         key = ModelKey(namespace, name)
-        if self._kv is None:
-            self._kv = await self.bus.routes()
         with contextlib.suppress(Exception):
-            await self._kv.delete(subjects.route_key(namespace, name))
+            await (await self._routes_kv()).delete(subjects.route_key(namespace, name))
         self._routes.pop(key, None)
         self._statuses.pop(key, None)
 

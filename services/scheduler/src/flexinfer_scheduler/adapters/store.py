@@ -29,6 +29,11 @@ def solo_group(key: ModelKey) -> str:
     return f"{SOLO_PREFIX}{key.namespace}.{key.name}"
 
 
+def visible_group(name: str | None) -> str | None:
+    """The group a user sees: none for a model served on its own."""
+    return None if name is None or name.startswith(SOLO_PREFIX) else name
+
+
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
 

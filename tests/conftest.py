@@ -8,6 +8,8 @@ Each test gets a fresh database with migrations applied and a NATS server with n
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +17,29 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import TestServers, create_test_database, drop_test_database, start_test_servers
+
+_OWN_BASETEMP: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test session gets a temporary folder of its own (unless ``--basetemp`` is given). pytest's default
+    root, /tmp/pytest-of-<user>, is shared by every session of the user, and each new session resets its mode to
+    0700: a concurrent session would cut the embedded PostgreSQL (running as its own system user) off its data."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        base = Path(tempfile.mkdtemp(prefix="flexinfer-pytest-"))
+        config.option.basetemp = str(base / "t")
+        _OWN_BASETEMP.append(base)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    failed = getattr(config, "_flexinfer_failed", False)
+    for base in _OWN_BASETEMP:
+        if not failed:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._flexinfer_failed = exitstatus != 0  # type: ignore[attr-defined]  # keep the evidence
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flexinfer_actuator.adapters.local import LocalProcessScaler
 from flexinfer_actuator.api import build_app
 from flexinfer_actuator.domain.processes import ProcessInfo, ProcessPhase
-from flexinfer_actuator.main import build_scaler, check_backend
+from flexinfer_actuator.main import connect_kubernetes
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.settings import SettingsError, load_settings
 
@@ -51,6 +52,7 @@ async def test_process_table_lists_rows_with_camel_case_fields(client: httpx.Asy
                 "namespace": "default",
                 "name": "qwen",
                 "pid": 4242,
+                "pod": None,
                 "port": 9100,
                 "phase": "Ready",
                 "generation": 3,
@@ -108,11 +110,48 @@ def test_state_dir_defaults_to_dot_flexinfer(monkeypatch: pytest.MonkeyPatch) ->
     assert load_settings(ActuatorSettings).state_dir == Path(".flexinfer")
 
 
-def test_kubernetes_backend_is_refused_with_the_variable_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kubernetes_backend_without_a_configuration_is_refused_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("FLEXINFER_ACTUATOR", "kubernetes")
+    monkeypatch.setenv("FLEXINFER_KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
     settings = load_settings(ActuatorSettings)
-    with pytest.raises(SettingsError, match="FLEXINFER_ACTUATOR"):
-        check_backend(settings)
+    with pytest.raises(SettingsError, match="FLEXINFER_KUBECONFIG") as refused:
+        connect_kubernetes(settings)
+    assert "missing-kubeconfig" in str(refused.value)
+
+
+async def test_kubernetes_backend_uses_the_kubeconfig_and_context_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        """
+apiVersion: v1
+kind: Config
+current-context: laptop
+clusters:
+  - name: laptop
+    cluster: {server: "http://127.0.0.1:6443"}
+  - name: lab
+    cluster: {server: "http://127.0.0.1:7443"}
+users:
+  - name: me
+    user: {token: not-a-secret}
+contexts:
+  - name: laptop
+    context: {cluster: laptop, user: me}
+  - name: lab
+    context: {cluster: lab, user: me}
+"""
+    )
+    monkeypatch.setenv("FLEXINFER_KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("FLEXINFER_KUBE_CONTEXT", "lab")
+    client = connect_kubernetes(load_settings(ActuatorSettings))
+    try:
+        assert client.host == "http://127.0.0.1:7443"
+    finally:
+        await client.close()
 
 
 async def test_local_backend_is_built_from_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -121,7 +160,7 @@ async def test_local_backend_is_built_from_settings(monkeypatch: pytest.MonkeyPa
     async def sink(_: object) -> None:
         return None
 
-    scaler = build_scaler(load_settings(ActuatorSettings), on_status=sink)
+    scaler = LocalProcessScaler.from_settings(load_settings(ActuatorSettings), on_status=sink)
     assert scaler.backend == "local"
     assert scaler.snapshot() == []
     await scaler.close()

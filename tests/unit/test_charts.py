@@ -311,21 +311,37 @@ def _allows(role: dict[str, Any], group: str, resource: str, verbs: set[str]) ->
     return verbs <= granted
 
 
+ACTUATOR_RULES = {
+    ("ai.flexinfer", "models", frozenset({"get", "list", "watch"})),
+    ("ai.flexinfer", "gpugroups", frozenset({"get", "list", "watch"})),
+    ("ai.flexinfer", "models/status", frozenset({"patch"})),
+    ("ai.flexinfer", "gpugroups/status", frozenset({"patch"})),
+    ("apps", "deployments", frozenset({"list", "watch"})),
+    ("apps", "deployments/scale", frozenset({"patch"})),
+    ("", "pods", frozenset({"list", "watch"})),
+    ("", "services", frozenset({"list", "watch", "patch"})),
+    ("", "events", frozenset({"create", "patch"})),
+}
+
+
+def _rule_set(role: dict[str, Any]) -> set[tuple[str, str, frozenset[str]]]:
+    return {(group, resource, frozenset(verbs)) for group, resource, verbs in _rules(role)}
+
+
 def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
     documents = render(CHARTS / "actuator")
     env = env_of(deployment_container(documents))
     assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
-    assert one(documents, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert env["FLEXINFER_LEADER_ELECTION"]["value"] == "true"
+    assert env["FLEXINFER_LEADER_ELECTION_LEASE"]["value"] == "flexinfer-actuator"
+    assert "FLEXINFER_WATCH_NAMESPACES" not in env  # every namespace
     assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
 
     role = one(documents, "ClusterRole")
-    read_write = {"get", "list", "watch", "patch", "update"}
-    assert _allows(role, "apps", "deployments", read_write)
-    assert _allows(role, "apps", "deployments/scale", read_write)
-    assert _allows(role, "", "pods", {"get", "list", "watch"})
-    assert _allows(role, "ai.flexinfer", "models", read_write)
-    assert _allows(role, "ai.flexinfer", "models/status", read_write)
-    assert _allows(role, "", "services", {"get", "list", "patch"})  # the ai.flexinfer/active-services annotation
+    # Exactly what the code calls (the integration test against the API emulator checks the other direction):
+    # the scale subresource, never patch/update on Deployments themselves; nothing on Secrets.
+    assert _rule_set(role) == ACTUATOR_RULES
+    assert not _allows(role, "apps", "deployments", {"patch"})
     assert not _allows(role, "", "secrets", {"get"})
 
     binding = one(documents, "ClusterRoleBinding")
@@ -334,15 +350,39 @@ def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
         "kind": "ClusterRole",
         "name": role["metadata"]["name"],
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": one(documents, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
-    ]
+    account = one(documents, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
-    namespaced = render(CHARTS / "actuator", {"rbac": {"clusterWide": False}, "backend": "local"})
-    assert not objects(namespaced, "ClusterRole")
-    assert one(namespaced, "Role")["metadata"]["namespace"] == NAMESPACE
-    assert one(namespaced, "RoleBinding")["roleRef"]["kind"] == "Role"
-    assert env_of(deployment_container(namespaced))["FLEXINFER_ACTUATOR"]["value"] == "local"
+    election = one(documents, "Role")
+    assert election["metadata"]["namespace"] == NAMESPACE
+    assert election["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["flexinfer-actuator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert one(documents, "RoleBinding")["roleRef"]["name"] == election["metadata"]["name"]
+
+
+def test_actuator_watching_listed_namespaces_gets_a_role_in_each() -> None:
+    documents = render(CHARTS / "actuator", {"watchNamespaces": ["ml", "chat"]})
+    assert not objects(documents, "ClusterRole")
+    assert env_of(deployment_container(documents))["FLEXINFER_WATCH_NAMESPACES"]["value"] == "ml,chat"
+    roles = {r["metadata"]["namespace"]: r for r in objects(documents, "Role") if "leader" not in r["metadata"]["name"]}
+    assert set(roles) == {"ml", "chat"}
+    assert all(_rule_set(role) == ACTUATOR_RULES for role in roles.values())
+    bindings = [b for b in objects(documents, "RoleBinding") if "leader" not in b["metadata"]["name"]]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"ml", "chat"}
+    assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
+
+
+def test_actuator_with_the_local_backend_needs_no_lease() -> None:
+    documents = render(CHARTS / "actuator", {"backend": "local"})
+    assert env_of(deployment_container(documents))["FLEXINFER_ACTUATOR"]["value"] == "local"
+    assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
 def test_lease_manager_rbac_covers_leases_legacy_configmaps_caches_and_jobs() -> None:
@@ -651,7 +691,12 @@ def test_crd_schema_matches_the_pydantic_manifest(
     spec_field = model.model_fields["spec"]
     _compare_field(spec_field.annotation, None, schema["properties"]["spec"], "spec", problems)
     if kind == "Model":
-        _compare_model(ModelStatus, schema["properties"]["status"], "status", problems, check_defaults=False)
+        status = copy.deepcopy(schema["properties"]["status"])
+        # Kubernetes only: the actuator derives the conditions from the status when it writes it back.
+        conditions = status["properties"].pop("conditions")
+        assert conditions["items"]["required"] == ["type", "status"]
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        _compare_model(ModelStatus, status, "status", problems, check_defaults=False)
     assert not problems, "\n".join(problems)
 
 

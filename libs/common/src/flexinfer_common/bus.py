@@ -62,11 +62,14 @@ STREAMS: tuple[StreamConfig, ...] = (
     ),
     _stream(
         subjects.MODEL_STATUS_STREAM,
-        subjects.MODEL_STATUS_PREFIX + ".>",
+        [subjects.MODEL_STATUS_PREFIX + ".>", subjects.GROUP_STATUS_PREFIX + ".>"],
         timedelta(days=1),
         max_msgs_per_subject=1,
     ),
     _stream(subjects.EVENTS_STREAM, subjects.EVENTS_PREFIX + ".>", timedelta(days=1)),
+    # The latest spec of each Kubernetes object (and the latest resync list per kind): a scheduler that was away
+    # reads the state, not the history.
+    _stream(subjects.SPEC_STREAM, subjects.SPEC_PREFIX + ".>", timedelta(days=7), max_msgs_per_subject=1),
 )
 
 
@@ -101,18 +104,24 @@ Handler = Callable[[M, Delivery], Awaitable[None]]
 
 
 class Consumer(Generic[M]):
-    """A durable pull consumer running its handler for each message, in order, one at a time."""
+    """A pull consumer running its handler for each message, in order, one at a time.
+
+    Durable (``durable`` names it): it resumes where it left off. Ephemeral (``durable`` None): it starts at
+    ``deliver_policy`` (e.g. the last message of every subject: the current state of a last-value stream) and is
+    created again, from the same point, if the server loses it.
+    """
 
     def __init__(
         self,
         bus: Bus,
         *,
         stream: str,
-        durable: str,
+        durable: str | None,
         filter_subject: str,
         decode: Decoder[M],
         handler: Handler[M],
         deliver_new_only: bool = False,
+        deliver_policy: DeliverPolicy | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -120,24 +129,32 @@ class Consumer(Generic[M]):
         self.filter_subject = filter_subject
         self.decode = decode
         self.handler = handler
-        self.deliver_new_only = deliver_new_only
+        self.deliver_policy = deliver_policy or (DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL)
         self._task: asyncio.Task[None] | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
 
-    async def start(self) -> None:
+    @property
+    def name(self) -> str:
+        return self.durable or f"ephemeral:{self.filter_subject}"
+
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
         config = ConsumerConfig(
             durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.NEW if self.deliver_new_only else DeliverPolicy.ALL,
+            deliver_policy=self.deliver_policy,
             filter_subject=self.filter_subject,
             ack_wait=30,
             max_deliver=20,
             max_ack_pending=10_000,
+            inactive_threshold=None if self.durable else 120.0,
         )
-        self._sub = await self.bus.js.pull_subscribe(
+        return await self.bus.js.pull_subscribe(
             self.filter_subject, durable=self.durable, stream=self.stream, config=config
         )
-        self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.durable}")
+
+    async def start(self) -> None:
+        self._sub = await self._subscribe()
+        self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.name}")
 
     async def stop(self) -> None:
         if self._task:
@@ -151,6 +168,7 @@ class Consumer(Generic[M]):
             self._sub = None
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
+        failures = 0
         while True:
             try:
                 # One message per pull: nats-py's batched fetch, once a first message arrived, waits until the
@@ -161,11 +179,28 @@ class Consumer(Generic[M]):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("fetch failed; retrying", extra={"consumer": self.durable, "error": repr(exc)})
+                failures += 1
+                log.warning("fetch failed; retrying", extra={"consumer": self.name, "error": repr(exc)})
                 await asyncio.sleep(0.5)
+                if self.durable is None and failures >= 3:
+                    sub = await self._resubscribe(sub)
                 continue
+            failures = 0
             for msg in batch:
                 await self._dispatch(msg)
+
+    async def _resubscribe(self, old: JetStreamContext.PullSubscription) -> JetStreamContext.PullSubscription:
+        """An ephemeral consumer the server lost (a restart, an inactivity timeout): make it again."""
+        try:
+            fresh = await self._subscribe()
+        except Exception as exc:
+            log.warning("cannot create the consumer again yet", extra={"consumer": self.name, "error": repr(exc)})
+            return old
+        with contextlib.suppress(Exception):
+            await old.unsubscribe()
+        self._sub = fresh
+        log.info("consumer created again", extra={"consumer": self.name})
+        return fresh
 
     async def _dispatch(self, msg: Msg) -> None:
         metadata = msg.metadata
@@ -181,7 +216,7 @@ class Consumer(Generic[M]):
             BAD_MESSAGES.labels(subject=self.filter_subject).inc()
             log.warning(
                 "rejected malformed message",
-                extra={"subject": msg.subject, "reason": str(exc), "consumer": self.durable},
+                extra={"subject": msg.subject, "reason": str(exc), "consumer": self.name},
             )
             await _quietly(msg.term())
             return
@@ -289,11 +324,12 @@ class Bus:
         self,
         *,
         stream: str,
-        durable: str,
+        durable: str | None,
         filter_subject: str,
         decode: Decoder[M],
         handler: Handler[M],
         deliver_new_only: bool = False,
+        deliver_policy: DeliverPolicy | None = None,
     ) -> Consumer[M]:
         consumer = Consumer(
             self,
@@ -303,6 +339,7 @@ class Bus:
             decode=decode,
             handler=handler,
             deliver_new_only=deliver_new_only,
+            deliver_policy=deliver_policy,
         )
         await consumer.start()
         self._consumers.append(consumer)

@@ -57,6 +57,10 @@ class ModelRow(Base):
     idle_parked_at: Mapped[datetime | None]
     failed_at: Mapped[datetime | None]
     promoted_at: Mapped[datetime | None]
+    # where the manifest comes from: "api" (the admin API, local mode) or "kubernetes" (the actuator's spec sync)
+    source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
+    source_observed_at: Mapped[datetime | None]
+    observed_generation: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
     updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
 
@@ -71,6 +75,10 @@ class GroupRow(Base):
     active_name: Mapped[str | None] = mapped_column(String(253))
     leader_since: Mapped[datetime | None]
     current_swap_id: Mapped[str | None] = mapped_column(String(64))
+    # a v1alpha1 GPUGroup's origin, as for models; ``namespace`` is the GPUGroup object's (Kubernetes mode)
+    source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
+    source_observed_at: Mapped[datetime | None]
+    namespace: Mapped[str | None] = mapped_column(String(253))
     updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
 
 

@@ -132,7 +132,7 @@ class SharedGroupStatus(BaseModel):
 
 
 class ModelStatus(BaseModel):
-    """A Model's ``status``, as Kubernetes and the admin API show it."""
+    """A Model's ``status``, as Kubernetes and the admin API show it (Kubernetes adds ``conditions``)."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
@@ -141,6 +141,11 @@ class ModelStatus(BaseModel):
     shared_group: SharedGroupStatus = Field(default_factory=SharedGroupStatus, alias="sharedGroup")
     preempted_by: str | None = Field(None, alias="preemptedBy")
     message: str = ""
+    observed_generation: int | None = Field(
+        None,
+        alias="observedGeneration",
+        description="The Kubernetes metadata.generation of the spec this status reflects (Kubernetes mode)",
+    )
 
 
 class ModelStatusUpdate(Message):
@@ -152,6 +157,63 @@ class ModelStatusUpdate(Message):
     model: str
     status: ModelStatus
     time: datetime
+
+
+class ModelRef(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class GroupStatusUpdate(Message):
+    """The scheduler publishes a group's new state (the Kubernetes actuator writes it to the GPUGroup's status)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.status.group.<group>"
+
+    group: str
+    active_model: ModelRef | None = Field(None, description="The member that holds the GPU (or is loading onto it)")
+    queue: list[ModelRef] = Field(
+        default_factory=list, description="Members waiting for the GPU, in queue order (queuePosition 1, 2, ...)"
+    )
+    time: datetime
+
+
+class SpecChange(Message):
+    """A Model or GPUGroup was created, changed or deleted where its users write it: in Kubernetes mode the actuator
+    watches the resources and hands each change to the scheduler, so nobody calls the admin API.
+
+    ``manifest`` is the resource as the admin API's PUT takes it (no status); ``generation`` its
+    ``metadata.generation``, echoed back as ``status.observedGeneration``.
+    """
+
+    SUBJECT: ClassVar[str] = "flexinfer.spec.<kind>.<namespace>.<name>"
+
+    kind: Literal["Model", "GPUGroup"]
+    action: Literal["apply", "delete"]
+    namespace: str
+    name: str
+    manifest: dict[str, Any] | None = None
+    generation: int | None = None
+    source: str = Field("kubernetes", description="Who owns the resource; a resync removes only its own")
+    observed_at: datetime = Field(description="When the source saw this state (orders it against resyncs)")
+
+
+class SpecResync(Message):
+    """Every resource of ``kind`` that exists at ``source`` in ``namespaces`` (all when null), as listed at
+    ``observed_at``: the scheduler deletes those it got from this source that are not named and were last changed
+    before then (deletions a restarted watcher never saw)."""
+
+    SUBJECT: ClassVar[str] = "flexinfer.spec.resync.<kind>"
+
+    kind: Literal["Model", "GPUGroup"]
+    source: str = "kubernetes"
+    namespaces: list[str] | None = None
+    names: list[str] = Field(default_factory=list, description="namespace/name of every resource listed")
+    observed_at: datetime
 
 
 class Route(Message):
@@ -227,6 +289,9 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     RuntimeStatus,
     ActuatorHello,
     ModelStatusUpdate,
+    GroupStatusUpdate,
+    SpecChange,
+    SpecResync,
     Route,
     SwapEvent,
     LeaseEvent,

@@ -37,6 +37,9 @@ BAD_MESSAGES = Counter("flexinfer_bad_messages_total", "Bus messages rejected as
 LEASE_READ_ERRORS = Counter("flexinfer_lease_read_errors_total", "Lease reads that failed (election failed open)")
 SCHEDULER_LEADER = Gauge("flexinfer_scheduler_leader", "1 while this scheduler replica leads (holds the lock)")
 ACTUATOR_COMMANDS = Counter("flexinfer_actuator_commands_total", "Scale commands applied", ["action", "result"])
+ACTUATOR_LEADER = Gauge(
+    "flexinfer_actuator_leader", "1 while this actuator replica acts (holds the coordination.k8s.io Lease)"
+)
 
 
 def render_latest() -> tuple[bytes, str]:

@@ -7,12 +7,13 @@ Each service subclasses :class:`CommonSettings`; ``load_settings`` turns a valid
 from __future__ import annotations
 
 import ipaddress
+import re
 from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flexinfer_common.durations import parse_duration
@@ -92,6 +93,53 @@ class CommonSettings(BaseSettings):
         return self.admin_token.get_secret_value() if self.admin_token else None
 
 
+class KubernetesSettings(CommonSettings):
+    """Settings of the services that talk to the Kubernetes API (the actuator's ``kubernetes`` back-end, the lease
+    manager)."""
+
+    kubeconfig: str = ""
+    """``FLEXINFER_KUBECONFIG``: a kubeconfig file. Empty: the pod's service account when running in a cluster,
+    else ``$KUBECONFIG`` or ``~/.kube/config`` (so ``flexinfer up`` on a laptop can drive a cluster)."""
+    kube_context: str = ""
+    """``FLEXINFER_KUBE_CONTEXT``: a context of the kubeconfig other than its current one."""
+    watch_namespaces: str = ""
+    """``FLEXINFER_WATCH_NAMESPACES``: comma-separated namespaces to watch for FlexInfer resources; empty: all."""
+    leader_election: bool = True
+    """``FLEXINFER_LEADER_ELECTION``: one replica acts at a time (a coordination.k8s.io Lease)."""
+    leader_election_namespace: str = ""
+    """``FLEXINFER_LEADER_ELECTION_NAMESPACE``: where the Lease lives. Empty: the pod's own namespace, else
+    ``FLEXINFER_NAMESPACE``."""
+    leader_lease_duration: Duration = timedelta(seconds=15)
+    leader_renew_deadline: Duration = timedelta(seconds=10)
+    leader_retry_period: Duration = timedelta(seconds=2)
+
+    @field_validator("watch_namespaces")
+    @classmethod
+    def _namespaces(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not _DNS_LABEL.match(name):
+                raise ValueError(f"{name!r} is not a namespace name")
+        return value
+
+    @model_validator(mode="after")
+    def _leader_timings(self) -> KubernetesSettings:
+        retry, renew, lease = self.leader_retry_period, self.leader_renew_deadline, self.leader_lease_duration
+        if not retry < renew < lease:
+            raise ValueError(
+                "leader election needs FLEXINFER_LEADER_RETRY_PERIOD < FLEXINFER_LEADER_RENEW_DEADLINE < "
+                f"FLEXINFER_LEADER_LEASE_DURATION (got {retry}, {renew}, {lease})"
+            )
+        return self
+
+    def namespaces(self) -> list[str] | None:
+        """The namespaces to watch, or None for all."""
+        names = [part.strip() for part in self.watch_namespaces.split(",") if part.strip()]
+        return sorted(set(names)) or None
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
 def normalize_database_url(value: str) -> str:
     """Accept libpq-style ``postgresql://`` URLs and use the asyncpg driver."""
     for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://", "postgresql+psycopg2://"):
@@ -123,6 +171,9 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
+            if not field:  # a rule over several settings names them in its message
+                problems.append(str(error["msg"]).removeprefix("Value error, "))
+                continue
             variable = ENV_PREFIX + field.upper()
             problems.append(f"{variable}: {error['msg']} (got {error.get('input')!r})")
         raise SettingsError("bad setting: " + "; ".join(problems)) from None

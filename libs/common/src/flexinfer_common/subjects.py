@@ -13,7 +13,11 @@ DEMAND_PREFIX = f"{PREFIX}.demand"
 COMMAND_PREFIX = f"{PREFIX}.actuator.command"
 RUNTIME_STATUS_PREFIX = f"{PREFIX}.actuator.status"
 ACTUATOR_HELLO_PREFIX = f"{PREFIX}.actuator.hello"
-MODEL_STATUS_PREFIX = f"{PREFIX}.status.model"
+STATUS_PREFIX = f"{PREFIX}.status"
+MODEL_STATUS_PREFIX = f"{STATUS_PREFIX}.model"
+GROUP_STATUS_PREFIX = f"{STATUS_PREFIX}.group"
+SPEC_PREFIX = f"{PREFIX}.spec"
+SPEC_RESYNC_PREFIX = f"{SPEC_PREFIX}.resync"
 EVENTS_PREFIX = f"{PREFIX}.events"
 
 DEMAND_STREAM = "FLEXINFER_DEMAND"
@@ -21,6 +25,7 @@ COMMAND_STREAM = "FLEXINFER_COMMANDS"
 RUNTIME_STATUS_STREAM = "FLEXINFER_RUNTIME_STATUS"
 MODEL_STATUS_STREAM = "FLEXINFER_MODEL_STATUS"
 EVENTS_STREAM = "FLEXINFER_EVENTS"
+SPEC_STREAM = "FLEXINFER_SPECS"
 
 ROUTES_BUCKET = "flexinfer_routes"
 
@@ -51,6 +56,19 @@ def actuator_hello_subject(instance: str) -> str:
 
 def model_status_subject(namespace: str, model: str) -> str:
     return f"{MODEL_STATUS_PREFIX}.{token(namespace)}.{token(model)}"
+
+
+def group_status_subject(group: str) -> str:
+    return f"{GROUP_STATUS_PREFIX}.{token(group)}"
+
+
+def spec_subject(kind: str, namespace: str, name: str) -> str:
+    """``flexinfer.spec.model.<ns>.<name>`` / ``flexinfer.spec.gpugroup.<ns>.<name>``."""
+    return f"{SPEC_PREFIX}.{kind.lower()}.{token(namespace)}.{token(name)}"
+
+
+def spec_resync_subject(kind: str) -> str:
+    return f"{SPEC_RESYNC_PREFIX}.{kind.lower()}"
 
 
 def event_subject(kind: str, group: str) -> str:

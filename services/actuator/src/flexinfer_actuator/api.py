@@ -14,13 +14,14 @@ from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token
 
 
 class ProcessItem(BaseModel):
-    """A model process this actuator runs (alive: Loading, Ready, Stopping or Sleeping)."""
+    """A model runtime this actuator runs: a local process, or a Pod (alive: Loading, Ready, Stopping or Sleeping)."""
 
     model_config = ConfigDict(populate_by_name=True)
 
     namespace: str
     name: str
-    pid: int
+    pid: int | None = Field(description="The model's process (local back-end); null for a Pod")
+    pod: str | None = Field(None, description="The Pod serving the model (kubernetes back-end)")
     port: int
     phase: ProcessPhase
     generation: int = Field(description="The command generation the process answers")
@@ -38,6 +39,7 @@ class ProcessItem(BaseModel):
             generation=info.generation,
             started_at=info.started_at,
             endpoint=info.endpoint,
+            pod=info.pod,
         )
 
 

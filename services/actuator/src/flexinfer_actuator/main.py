@@ -1,7 +1,8 @@
 """Entry point: ``python -m flexinfer_actuator`` / ``flexinfer-actuator``.
 
-Builds the settings, connects the bus, starts the back-end, the command consumer and the ops HTTP server, and on
-SIGTERM/SIGINT stops consuming, stops every model process and exits 0.
+Builds the settings, connects the bus, starts the back-end and the ops HTTP server, and on SIGTERM/SIGINT stops
+consuming and exits 0. The ``local`` back-end runs here and stops its model processes on the way out; the
+``kubernetes`` back-end acts only while this replica holds the actuator Lease, and leaves Deployments as they are.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import sys
 
 from flexinfer_actuator.adapters.local import LocalProcessScaler
 from flexinfer_actuator.api import build_app
+from flexinfer_actuator.kubernetes_mode import KubernetesMode
 from flexinfer_actuator.loop import Actuator, StatusPublisher
-from flexinfer_actuator.ports import Scaler, StatusSink
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
+from flexinfer_common.kube.client import KubeClient, describe_target
 from flexinfer_common.logs import configure_logging, get_logger
 from flexinfer_common.runner import run_until_signalled
 from flexinfer_common.service import HttpServer
@@ -32,62 +34,114 @@ def instance_id(settings: ActuatorSettings) -> str:
     return settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def check_backend(settings: ActuatorSettings) -> None:
-    if settings.actuator is not ActuatorKind.LOCAL:
+def connect_kubernetes(settings: ActuatorSettings) -> KubeClient:
+    """The Kubernetes API client, or SettingsError naming what is wrong with the configuration."""
+    try:
+        return KubeClient.connect(kubeconfig=settings.kubeconfig, context=settings.kube_context)
+    except Exception as exc:
+        where = describe_target(settings.kubeconfig, settings.kube_context)
         raise SettingsError(
-            f"FLEXINFER_ACTUATOR: the {settings.actuator.value!r} back-end is not available in this build (use 'local')"
-        )
-
-
-def build_scaler(settings: ActuatorSettings, *, on_status: StatusSink) -> Scaler:
-    check_backend(settings)
-    return LocalProcessScaler.from_settings(settings, on_status=on_status)
+            f"FLEXINFER_ACTUATOR=kubernetes: no usable Kubernetes configuration ({where}): {exc}. "
+            "Set FLEXINFER_KUBECONFIG (and FLEXINFER_KUBE_CONTEXT), or run in a pod with a service account."
+        ) from None
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
     instance = instance_id(settings)
     clock = SystemClock()
+    kube = connect_kubernetes(settings) if settings.actuator is ActuatorKind.KUBERNETES else None
     bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}")
     await bus.connect()
     try:
         await bus.ensure_streams()
         statuses = StatusPublisher(bus=bus, actuator=instance, clock=clock)
-        scaler = build_scaler(settings, on_status=statuses.report)
-        actuator = Actuator(
-            bus=bus,
-            scaler=scaler,
-            statuses=statuses,
-            instance=instance,
-            clock=clock,
-            drain_timeout=settings.park_grace_period.total_seconds() + 5.0,
-        )
-
-        async def readiness() -> dict[str, bool]:
-            return {"bus": bus.connected, "consumer": actuator.consuming}
-
-        app = build_app(processes=scaler.snapshot, readiness=readiness, admin_token=settings.admin_token_value())
-        http = HttpServer(app, host=settings.bind_host, port=settings.actuator_port, name="actuator")
-        await http.start()
-        try:
-            await actuator.start()
-            log.info(
-                "actuator started",
-                extra={"actuator": instance, "backend": scaler.backend, "port": http.port, "pid": os.getpid()},
-            )
-            await stop.wait()
-            log.info("stopping: signal received")
-        finally:
-            await actuator.stop()
-            await http.stop()
+        if kube is not None:
+            await _serve_kubernetes(settings, stop, bus=bus, kube=kube, statuses=statuses, instance=instance)
+        else:
+            await _serve_local(settings, stop, bus=bus, statuses=statuses, instance=instance)
     finally:
+        if kube is not None:
+            await kube.close()
         with contextlib.suppress(Exception):
             await bus.close()
+
+
+async def _serve_local(
+    settings: ActuatorSettings, stop: asyncio.Event, *, bus: Bus, statuses: StatusPublisher, instance: str
+) -> None:
+    clock = SystemClock()
+    scaler = LocalProcessScaler.from_settings(settings, on_status=statuses.report)
+    actuator = Actuator(
+        bus=bus,
+        scaler=scaler,
+        statuses=statuses,
+        instance=instance,
+        clock=clock,
+        drain_timeout=settings.park_grace_period.total_seconds() + 5.0,
+    )
+
+    async def readiness() -> dict[str, bool]:
+        return {"bus": bus.connected, "consumer": actuator.consuming}
+
+    app = build_app(processes=scaler.snapshot, readiness=readiness, admin_token=settings.admin_token_value())
+    http = HttpServer(app, host=settings.bind_host, port=settings.actuator_port, name="actuator")
+    await http.start()
+    try:
+        await actuator.start()
+        log.info(
+            "actuator started",
+            extra={"actuator": instance, "backend": scaler.backend, "port": http.port, "pid": os.getpid()},
+        )
+        await stop.wait()
+        log.info("stopping: signal received")
+    finally:
+        await actuator.stop()
+        await http.stop()
+
+
+async def _serve_kubernetes(
+    settings: ActuatorSettings,
+    stop: asyncio.Event,
+    *,
+    bus: Bus,
+    kube: KubeClient,
+    statuses: StatusPublisher,
+    instance: str,
+) -> None:
+    mode = KubernetesMode(
+        settings=settings, bus=bus, client=kube, statuses=statuses, instance=instance, clock=SystemClock()
+    )
+
+    async def readiness() -> dict[str, bool]:
+        return {"bus": bus.connected, "kubernetes": mode.consuming()}
+
+    app = build_app(processes=mode.processes, readiness=readiness, admin_token=settings.admin_token_value())
+    http = HttpServer(app, host=settings.bind_host, port=settings.actuator_port, name="actuator")
+    await http.start()
+    log.info(
+        "actuator started",
+        extra={
+            "actuator": instance,
+            "backend": "kubernetes",
+            "api_server": kube.host,
+            "namespaces": settings.namespaces() or "all",
+            "port": http.port,
+            "pid": os.getpid(),
+        },
+    )
+    try:
+        await mode.run(stop)
+        log.info("stopping: signal received")
+    finally:
+        await mode.stop_leading()
+        await http.stop()
 
 
 def run() -> None:
     try:
         settings = load_settings(ActuatorSettings)
-        check_backend(settings)
+        if settings.actuator is ActuatorKind.KUBERNETES:
+            connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
     except SettingsError as exc:
         sys.stderr.write(f"flexinfer-actuator: {exc}\n")
         raise SystemExit(2) from None

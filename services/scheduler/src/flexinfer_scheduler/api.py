@@ -13,7 +13,7 @@ from flexinfer_common.clock import Clock, rfc3339
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
-from flexinfer_scheduler.adapters.store import Store, visible_group
+from flexinfer_scheduler.adapters.store import API_ORIGIN, Store, visible_group
 from flexinfer_scheduler.domain.election import cooldown_remaining
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.loop import Scheduler, model_status
@@ -54,6 +54,15 @@ def _manifest(body: Any, kind: type[Model] | type[GPUGroup]) -> Any:
     return resource
 
 
+def _refuse_if_watched(row: ModelRow | GroupRow | None, what: str) -> None:
+    """A resource synced from Kubernetes is changed there: an admin API write would be undone by the next sync."""
+    if row is not None and row.source != API_ORIGIN.source:
+        raise HTTPException(
+            status_code=409,
+            detail=f"{what} is managed in Kubernetes (source {row.source!r}): change it with kubectl, not this API",
+        )
+
+
 def create_app(
     *, store: Store, scheduler: Scheduler, clock: Clock, admin_token: str | None, readiness: ReadinessCheck
 ) -> FastAPI:
@@ -86,6 +95,7 @@ def create_app(
                 status_code=422,
                 detail=f"metadata names {model.namespace}/{model.name} but the path names {namespace}/{name}",
             )
+        _refuse_if_watched(await store.model(namespace, name), f"model {namespace}/{name}")
         row, created = await store.put_model(model, clock.now())
         if created:
             await scheduler.announce(row)
@@ -94,6 +104,7 @@ def create_app(
 
     @api.delete("/models/{namespace}/{name}")
     async def delete_model(namespace: str, name: str) -> dict[str, Any]:
+        _refuse_if_watched(await store.model(namespace, name), f"model {namespace}/{name}")
         row = await store.delete_model(namespace, name)
         if row is None:
             raise HTTPException(status_code=404, detail=f"model {namespace}/{name} not found")
@@ -118,6 +129,7 @@ def create_app(
             raise HTTPException(
                 status_code=422, detail=f"metadata.name {group.name!r} differs from the path's {name!r}"
             )
+        _refuse_if_watched(await store.group(name), f"GPUGroup {name}")
         created = await store.put_gpugroup(group, clock.now())
         scheduler.kick()
         return JSONResponse(
@@ -126,6 +138,7 @@ def create_app(
 
     @api.delete("/gpugroups/{name}")
     async def delete_gpugroup(name: str) -> Response:
+        _refuse_if_watched(await store.group(name), f"GPUGroup {name}")
         if not await store.delete_group(name):
             raise HTTPException(status_code=404, detail=f"GPUGroup {name} not found")
         scheduler.kick()

@@ -24,11 +24,13 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus, Delivery, decode_demand, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
-from flexinfer_common.enums import ScaleAction, SwapPhase
+from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import (
     ActuatorHello,
     Demand,
+    GroupStatusUpdate,
+    ModelRef,
     ModelStatus,
     ModelStatusUpdate,
     Route,
@@ -51,6 +53,7 @@ from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import ModelKey
 from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
 from flexinfer_scheduler.settings import SchedulerSettings
+from flexinfer_scheduler.specs import SpecInbox, decode_spec_message
 
 log = get_logger("flexinfer.scheduler")
 
@@ -83,6 +86,7 @@ class Scheduler:
         # what was last published per model, to publish only changes
         self._routes: dict[ModelKey, tuple[Any, ...]] = {}
         self._statuses: dict[ModelKey, tuple[Any, ...]] = {}
+        self._group_statuses: dict[str, tuple[Any, ...]] = {}
         self._active_metric: dict[str, str] = {}
         self._kv: Any = None
         self._consumers: list[Any] = []
@@ -164,6 +168,7 @@ class Scheduler:
         SCHEDULER_LEADER.set(1)
         self._routes.clear()  # publish every route once as the new leader
         self._statuses.clear()
+        self._group_statuses.clear()
         self._kv = await self.bus.routes()
         self._consumers = [
             await self.bus.consume(
@@ -179,6 +184,13 @@ class Scheduler:
                 filter_subject=subjects.RUNTIME_STATUS_PREFIX + ".>",
                 decode=partial(decode_json, RuntimeStatus),
                 handler=self.on_runtime_status,
+            ),
+            await self.bus.consume(
+                stream=subjects.SPEC_STREAM,
+                durable="scheduler-specs",
+                filter_subject=subjects.SPEC_PREFIX + ".>",
+                decode=decode_spec_message,
+                handler=SpecInbox(store=self.store, hooks=self, clock=self.clock).handle,
             ),
             await self.bus.consume(
                 stream=subjects.RUNTIME_STATUS_STREAM,
@@ -360,6 +372,7 @@ class Scheduler:
             if row is not None:
                 await self._publish_route(key, plan.group, row, view, now)
                 await self._publish_status(key, row, now)
+        await self._publish_group_status(plan, now)
         # Commands last: a model being parked has just been published as not ready, so the proxies stop sending
         # it new requests before it is told to stop.
         for command in plan.commands:
@@ -441,12 +454,34 @@ class Scheduler:
             row.preempted_at,
             row.preempted_by,
             row.message,
+            row.observed_generation,
         )
         if self._statuses.get(key) == fields:
             return
         update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=model_status(row), time=now)
         await self._safe_publish(subjects.model_status_subject(key.namespace, key.name), update, None)
         self._statuses[key] = fields
+
+    async def _publish_group_status(self, plan: GroupPlan, now: datetime) -> None:
+        """A shared group's holder and queue (a GPUGroup's status in Kubernetes), when they changed."""
+        if visible_group(plan.group) is None:
+            return
+        queued = sorted(
+            (view.queue_position, key)
+            for key, view in plan.statuses.items()
+            if view.state is SharedState.QUEUED and view.queue_position is not None
+        )
+        fields = (plan.active, tuple(key for _, key in queued))
+        if self._group_statuses.get(plan.group) == fields:
+            return
+        update = GroupStatusUpdate(
+            group=plan.group,
+            active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
+            queue=[ModelRef(namespace=key.namespace, name=key.name) for _, key in queued],
+            time=now,
+        )
+        await self._safe_publish(subjects.group_status_subject(plan.group), update, None)
+        self._group_statuses[plan.group] = fields
 
     async def _forget_deleted(self, present: set[ModelKey]) -> None:
         for key in [k for k in self._routes if k not in present]:
@@ -495,8 +530,6 @@ class Scheduler:
 
 
 def model_status(row: ModelRow) -> ModelStatus:
-    from flexinfer_common.enums import ModelPhase, SharedState
-
     return ModelStatus(
         phase=ModelPhase(row.phase),
         last_active_time=row.last_active_time,
@@ -507,6 +540,7 @@ def model_status(row: ModelRow) -> ModelStatus:
         ),
         preempted_by=row.preempted_by,
         message=row.message,
+        observed_generation=row.observed_generation,
     )
 
 

@@ -20,16 +20,17 @@ class ProcessPhase(StrEnum):
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """One row of the process table (``GET /api/v1/processes``)."""
+    """One row of the process table (``GET /api/v1/processes``): a local process, or a model's Pod."""
 
     namespace: str
     name: str
-    pid: int
+    pid: int | None  # a local process; None for a Pod
     port: int
     phase: ProcessPhase
     generation: int
     started_at: datetime
     endpoint: str
+    pod: str | None = None  # the Pod serving the model (Kubernetes back-end)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,29 @@ def visible_group(name: str | None) -> str | None:
     return None if name is None or name.startswith(SOLO_PREFIX) else name
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Who wrote a manifest: the admin API (``api``), or a watcher of Kubernetes resources handing on what it saw
+    at ``observed_at`` (``metadata.generation`` = ``generation``)."""
+
+    source: str
+    observed_at: datetime | None = None
+    generation: int | None = None
+
+    def is_older_than(self, stored: datetime | None) -> bool:
+        """A change observed before the one stored is stale (redelivered or overtaken)."""
+        return self.observed_at is not None and stored is not None and self.observed_at < stored
+
+    def may_delete(self, owner: str, stored: datetime | None) -> bool:
+        """The admin API deletes anything; a watcher only what it owns, and not with a stale observation."""
+        if self.source == API_ORIGIN.source:
+            return True
+        return owner == self.source and not self.is_older_than(stored)
+
+
+API_ORIGIN = Origin("api")
+
+
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
 
@@ -431,8 +454,10 @@ class Store:
             await session.execute(delete(ProcessedMessageRow).where(ProcessedMessageRow.processed_at < now - keep))
             await session.execute(delete(DemandSignalRow).where(DemandSignalRow.time < now - keep))
 
-    # ---- manifests (admin API) ---------------------------------------------------------------------------
-    async def put_model(self, model: Model, now: datetime) -> tuple[ModelRow, bool]:
+    # ---- manifests (admin API and spec sync) -------------------------------------------------------------
+    async def put_model(self, model: Model, now: datetime, origin: Origin = API_ORIGIN) -> tuple[ModelRow, bool]:
+        """Create or change a model. ``origin`` says who owns it; from Kubernetes, a change older than the one
+        stored is ignored (returns the row unchanged)."""
         manifest = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
         manifest["metadata"]["namespace"] = model.namespace
         async with self.sessions.begin() as session:
@@ -442,20 +467,26 @@ class Store:
                 row = ModelRow(namespace=model.namespace, name=model.name, manifest=manifest, spec_generation=1)
                 row.created_at = now
                 session.add(row)
+            elif origin.is_older_than(row.source_observed_at):
+                return row, False
             elif row.manifest != manifest:
                 row.manifest = manifest
                 row.spec_generation += 1
             row.priority = model.spec.gpu.priority
+            row.source = origin.source
+            row.source_observed_at = origin.observed_at
+            row.observed_generation = origin.generation
             row.updated_at = now
             await self._assign_group(session, row)
             await session.flush()
             await session.refresh(row)
             return row, created
 
-    async def delete_model(self, namespace: str, name: str) -> ModelRow | None:
+    async def delete_model(self, namespace: str, name: str, origin: Origin = API_ORIGIN) -> ModelRow | None:
+        """Delete a model; from Kubernetes only if Kubernetes owns it and the deletion is not older than its state."""
         async with self.sessions.begin() as session:
             row = await session.get(ModelRow, (namespace, name))
-            if row is None:
+            if row is None or not origin.may_delete(row.source, row.source_observed_at):
                 return None
             await session.delete(row)
             await session.execute(
@@ -463,37 +494,93 @@ class Store:
             )
             return row
 
-    async def put_gpugroup(self, group: GPUGroup, now: datetime) -> bool:
+    async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = API_ORIGIN) -> bool:
         manifest = group.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        values = {
+            "policy": GroupPolicy.V1ALPHA1.value,
+            "manifest": manifest,
+            "source": origin.source,
+            "source_observed_at": origin.observed_at,
+            "namespace": group.metadata.namespace or None,
+        }
         async with self.sessions.begin() as session:
-            stmt = insert(GroupRow).values(name=group.name, policy=GroupPolicy.V1ALPHA1.value, manifest=manifest)
+            existing = await session.get(GroupRow, group.name, with_for_update=True)
+            if existing is not None and origin.is_older_than(existing.source_observed_at):
+                return False
+            stmt = insert(GroupRow).values(name=group.name, **values)
             result = await session.execute(
                 stmt.on_conflict_do_update(
-                    index_elements=[GroupRow.name],
-                    set_={"policy": GroupPolicy.V1ALPHA1.value, "manifest": manifest, "updated_at": now},
+                    index_elements=[GroupRow.name], set_={**values, "updated_at": now}
                 ).returning(text("xmax = 0"))
             )
             created = bool(result.scalar())
             await self._recompute_membership(session)
             return created
 
-    async def delete_group(self, name: str) -> bool:
+    async def delete_group(self, name: str, origin: Origin = API_ORIGIN) -> bool:
         async with self.sessions.begin() as session:
             row = await session.get(GroupRow, name)
-            if row is None:
+            if row is None or row.policy != GroupPolicy.V1ALPHA1.value:
+                return False
+            if not origin.may_delete(row.source, row.source_observed_at):
                 return False
             await session.delete(row)
             await session.flush()
             await self._recompute_membership(session)
             return True
 
+    async def resync_models(
+        self, *, source: str, namespaces: list[str] | None, present: set[ModelKey], listed_at: datetime
+    ) -> list[ModelRow]:
+        """Delete the models ``source`` owns in ``namespaces`` (all: None) that its list at ``listed_at`` no longer
+        names (deleted while nobody watched); a model changed after the list is kept. Returns the deleted rows."""
+        async with self.sessions.begin() as session:
+            query = select(ModelRow).where(ModelRow.source == source)
+            if namespaces is not None:
+                query = query.where(ModelRow.namespace.in_(namespaces))
+            gone = [
+                row
+                for row in (await session.scalars(query)).all()
+                if _key(row) not in present and (row.source_observed_at is None or row.source_observed_at < listed_at)
+            ]
+            for row in gone:
+                await session.delete(row)
+                await session.execute(
+                    delete(DemandSignalRow).where(
+                        DemandSignalRow.namespace == row.namespace, DemandSignalRow.name == row.name
+                    )
+                )
+            return gone
+
+    async def resync_groups(
+        self, *, source: str, namespaces: list[str] | None, present: set[str], listed_at: datetime
+    ) -> list[str]:
+        """As :meth:`resync_models`, for v1alpha1 GPUGroups (``present``: their names)."""
+        async with self.sessions.begin() as session:
+            query = select(GroupRow).where(GroupRow.source == source, GroupRow.policy == GroupPolicy.V1ALPHA1.value)
+            if namespaces is not None:
+                query = query.where(GroupRow.namespace.in_(namespaces))
+            gone = [
+                row
+                for row in (await session.scalars(query)).all()
+                if row.name not in present and (row.source_observed_at is None or row.source_observed_at < listed_at)
+            ]
+            for row in gone:
+                await session.delete(row)
+            if gone:
+                await session.flush()
+                await self._recompute_membership(session)
+            return [row.name for row in gone]
+
     async def _listed(self, session: AsyncSession) -> dict[ModelKey, tuple[str, int]]:
         """Models listed by a v1alpha1 GPUGroup: their group and the priority the group gives them."""
         listed: dict[ModelKey, tuple[str, int]] = {}
         for g in (await session.scalars(select(GroupRow).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value))).all():
             if g.manifest:
-                for m in GPUGroup.model_validate(g.manifest).spec.models:
-                    listed[ModelKey(m.namespace or "default", m.name)] = (g.name, m.priority)
+                group = GPUGroup.model_validate(g.manifest)
+                home = group.metadata.namespace or "default"  # a member without a namespace is in the group's
+                for m in group.spec.models:
+                    listed[ModelKey(m.namespace or home, m.name)] = (g.name, m.priority)
         return listed
 
     async def _assign_group(self, session: AsyncSession, row: ModelRow) -> None:
@@ -538,6 +625,10 @@ class Store:
     async def model(self, namespace: str, name: str) -> ModelRow | None:
         async with self.sessions() as session:
             return await session.get(ModelRow, (namespace, name))
+
+    async def group(self, name: str) -> GroupRow | None:
+        async with self.sessions() as session:
+            return await session.get(GroupRow, name)
 
     async def groups(self) -> list[GroupRow]:
         async with self.sessions() as session:

@@ -1,0 +1,355 @@
+"""The ``kubernetes`` back-end: each model is a Deployment, scaled between 0 and 1 through its ``scale``
+subresource; what it reports comes from the watched Deployment and its Pods.
+
+Level-triggered: every change of a model's Deployment or of one of its Pods (and a tick, for load timeouts)
+re-judges the model with the pure rules of :mod:`flexinfer_actuator.domain.workloads` against its last command,
+reports what changed and writes the replicas the rules ask for. So a Deployment scaled or restarted by someone else
+is handled by the same rules as a crash, and a write that was lost is made again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import stamina
+
+from flexinfer_actuator.adapters.events import EventRecorder
+from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
+from flexinfer_actuator.domain.resources import EventType, Note
+from flexinfer_actuator.domain.workloads import (
+    DEFAULT_MODEL_PORT,
+    RunState,
+    Verdict,
+    Want,
+    WorkloadFacts,
+    endpoint,
+    judge_park,
+    judge_run,
+    selector_matches,
+    workload_facts,
+)
+from flexinfer_actuator.ports import StatusSink
+from flexinfer_common.clock import Clock, SystemClock
+from flexinfer_common.enums import ParkStrategy, RuntimePhase
+from flexinfer_common.kube.client import DEPLOYMENTS, KubeClient, KubeError, Object
+from flexinfer_common.kube.informer import Informer
+from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import RuntimeSpec
+
+log = get_logger("flexinfer.actuator.kubernetes")
+
+ModelKey = tuple[str, str]
+
+# A scale write not yet seen in the watched Deployment is written again after this long.
+_REWRITE_AFTER = 2.0
+
+
+def _retryable(exc: Exception) -> bool:
+    return isinstance(exc, KubeError) and (exc.status == 0 or exc.status == 429 or exc.status >= 500)
+
+
+@dataclass
+class _Model:
+    spec: RuntimeSpec
+    want: Want
+    generation: int
+    loading_since: float
+    parked: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    write_seen: bool = False
+    written_at: float | None = None
+    was_ready: bool = False
+    timed_out: str | None = None
+    finished: bool = False  # a Failed verdict was reported: nothing more until the next command
+    reported: tuple[RuntimePhase, str | None, str] | None = None
+    started_at: datetime | None = None
+
+    @property
+    def deployment(self) -> str:
+        return self.spec.deployment or self.spec.name
+
+    @property
+    def where(self) -> dict[str, object]:
+        return {
+            "namespace": self.spec.namespace,
+            "model": self.spec.name,
+            "deployment": self.deployment,
+            "generation": self.generation,
+        }
+
+
+class KubernetesScaler:
+    """The :class:`~flexinfer_actuator.ports.Scaler` for models served by Deployments."""
+
+    backend = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        deployments: Informer,
+        pods: Informer,
+        on_status: StatusSink,
+        load_timeout: timedelta,
+        events: EventRecorder | None = None,
+        clock: Clock | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        tick: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.deployments = deployments
+        self.pods = pods
+        self._on_status = on_status
+        self._load_timeout = load_timeout.total_seconds()
+        self._events = events
+        self._clock = clock or SystemClock()
+        self._monotonic = monotonic
+        self._tick = tick
+        self._models: dict[ModelKey, _Model] = {}
+        self._dirty: set[ModelKey] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        deployments.on_change(self._deployment_changed)
+        pods.on_change(self._pod_changed)
+
+    # ------------------------------------------------------------------ the Scaler protocol
+
+    async def activate(self, spec: RuntimeSpec, *, generation: int) -> None:
+        self._ensure_started()
+        await self.deployments.wait_synced()
+        await self.pods.wait_synced()
+        model = self._model(spec)
+        async with model.lock:
+            model.spec, model.want, model.generation = spec, Want.RUN, generation
+            model.loading_since = self._monotonic()
+            model.write_seen = model.was_ready = model.finished = False
+            model.written_at, model.timed_out, model.reported = None, None, None
+            model.started_at = self._clock.now()
+            log.info("activate", extra=model.where)
+            await self._judge(model)
+
+    async def park(self, spec: RuntimeSpec, *, generation: int) -> None:
+        self._ensure_started()
+        await self.deployments.wait_synced()
+        await self.pods.wait_synced()
+        model = self._model(spec)
+        async with model.lock:
+            model.spec, model.want, model.generation = spec, Want.PARK, generation
+            model.write_seen = model.finished = False
+            model.written_at, model.timed_out, model.reported = None, None, None
+            model.parked = asyncio.Event()
+            if spec.park_strategy is ParkStrategy.SLEEP:
+                log.info("parkStrategy Sleep is not available on Kubernetes yet: scaling to zero", extra=model.where)
+            log.info("park", extra=model.where)
+            await self._judge(model)
+            parked = model.parked
+        await parked.wait()
+
+    def snapshot(self) -> list[ProcessInfo]:
+        rows = []
+        for model in self._models.values():
+            facts = self._facts(model)
+            for pod in facts.alive:
+                if pod.terminating:
+                    phase = ProcessPhase.STOPPING
+                elif pod.ready and model.want is Want.RUN:
+                    phase = ProcessPhase.READY
+                elif model.want is Want.RUN:
+                    phase = ProcessPhase.LOADING
+                else:
+                    phase = ProcessPhase.STOPPING
+                rows.append(
+                    ProcessInfo(
+                        namespace=model.spec.namespace,
+                        name=model.spec.name,
+                        pid=None,
+                        port=model.spec.port or pod.port or DEFAULT_MODEL_PORT,
+                        phase=phase,
+                        generation=model.generation,
+                        started_at=model.started_at or self._clock.now(),
+                        endpoint=endpoint(pod, model.spec.port) if pod.ip else "",
+                        pod=pod.name,
+                    )
+                )
+        return rows
+
+    async def close(self) -> None:
+        """Stop judging. Deployments stay as they are: the next actuator takes them over."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ------------------------------------------------------------------ watching
+
+    def _model(self, spec: RuntimeSpec) -> _Model:
+        key = (spec.namespace, spec.name)
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = _Model(spec, Want.PARK, 0, self._monotonic())
+        return model
+
+    def _deployment_changed(self, _: str, obj: Object) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace"), meta.get("name")
+        for key, model in self._models.items():
+            if model.spec.namespace == namespace and model.deployment == name:
+                self._mark(key)
+
+    def _pod_changed(self, _: str, obj: Object) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, labels = meta.get("namespace"), meta.get("labels") or {}
+        for key, model in self._models.items():
+            if model.spec.namespace != namespace:
+                continue
+            deployment = self.deployments.get(namespace, model.deployment)
+            if deployment is not None and selector_matches((deployment.get("spec") or {}).get("selector"), labels):
+                self._mark(key)
+
+    def _mark(self, key: ModelKey) -> None:
+        self._dirty.add(key)
+        self._wake.set()
+
+    def _ensure_started(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kubernetes-scaler")
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._tick):
+                    await self._wake.wait()
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            due = dirty | {key for key, m in self._models.items() if self._loading(m)}
+            for key in due:
+                model = self._models.get(key)
+                if model is None or model.lock.locked():
+                    if model is not None:
+                        self._dirty.add(key)  # a command is being applied: judge again after it
+                    continue
+                try:
+                    async with model.lock:
+                        await self._judge(model)
+                except Exception:
+                    log.exception("could not judge a model; trying again", extra=model.where)
+                    self._dirty.add(key)
+
+    @staticmethod
+    def _loading(model: _Model) -> bool:
+        """Whether the model is (re)loading: judged on every tick, as its load timeout runs on our clock."""
+        if model.want is not Want.RUN or model.finished:
+            return False
+        return model.reported is None or model.reported[0] is not RuntimePhase.READY
+
+    # ------------------------------------------------------------------ judging
+
+    def _facts(self, model: _Model) -> WorkloadFacts:
+        namespace = model.spec.namespace
+        deployment = self.deployments.get(namespace, model.deployment)
+        pods = [p for (ns, _), p in self.pods.cache.items() if ns == namespace]
+        return workload_facts(namespace, model.deployment, deployment, pods)
+
+    async def _judge(self, model: _Model) -> None:
+        """Compare the model's Deployment and Pods with its last command; scale and report as the rules say."""
+        if model.finished:
+            return
+        facts = self._facts(model)
+        now = self._monotonic()
+        if model.want is Want.RUN:
+            if not model.write_seen and facts.exists and facts.replicas == 1:
+                model.write_seen = True
+            verdict = judge_run(
+                facts,
+                RunState(
+                    spec_port=model.spec.port,
+                    load_seconds=now - model.loading_since,
+                    load_timeout=self._load_timeout,
+                    write_seen=model.write_seen,
+                    was_ready=model.was_ready,
+                    timed_out=model.timed_out,
+                ),
+            )
+            if verdict.phase is None and verdict.replicas == 0 and model.timed_out is None:
+                model.timed_out = verdict.message
+                log.warning(
+                    "not ready within the load timeout; scaling to 0", extra={**model.where, "why": verdict.message}
+                )
+        else:
+            if not model.write_seen and facts.replicas == 0:
+                model.write_seen = True
+            verdict = judge_park(facts, write_seen=model.write_seen)
+        await self._scale_as_judged(model, facts, verdict)
+        await self._report_verdict(model, verdict)
+
+    async def _scale_as_judged(self, model: _Model, facts: WorkloadFacts, verdict: Verdict) -> None:
+        if verdict.replicas is None or not facts.exists:
+            return
+        recently = model.written_at is not None and self._monotonic() - model.written_at < _REWRITE_AFTER
+        if verdict.outside_change is None and recently:
+            return  # ours is on its way
+        if verdict.outside_change is not None:
+            log.warning(
+                "scaled outside FlexInfer; scaling back", extra={**model.where, "detail": verdict.outside_change}
+            )
+            self._note(model, EventType.WARNING, "ScaledOutsideFlexInfer", verdict.outside_change)
+            model.write_seen = False
+        await self._scale(model, verdict.replicas)
+
+    async def _scale(self, model: _Model, replicas: int) -> None:
+        """``PATCH .../deployments/<name>/scale``: the only write the back-end makes to a Deployment."""
+        model.written_at = self._monotonic()
+        try:
+            async for attempt in stamina.retry_context(on=_retryable, attempts=3, wait_initial=0.2, wait_max=1.0):
+                with attempt:
+                    await self.client.patch(
+                        DEPLOYMENTS,
+                        model.spec.namespace,
+                        model.deployment,
+                        {"spec": {"replicas": replicas}},
+                        subresource="scale",
+                    )
+            log.info("scaled", extra={**model.where, "replicas": replicas})
+        except KubeError as exc:
+            # Judged again on the next change or tick: the write is made again while it is not seen.
+            log.warning("scale failed", extra={**model.where, "replicas": replicas, "error": str(exc)})
+
+    async def _report_verdict(self, model: _Model, verdict: Verdict) -> None:
+        if verdict.phase is None:
+            return
+        if verdict.phase is RuntimePhase.READY:
+            model.was_ready = True
+        elif verdict.phase is RuntimePhase.LOADING and model.reported and model.reported[0] is RuntimePhase.READY:
+            model.loading_since = self._monotonic()  # a restart gets a load timeout of its own
+        said = (verdict.phase, verdict.endpoint, verdict.message)
+        if said == model.reported:
+            return
+        model.reported = said
+        if verdict.phase is RuntimePhase.FAILED:
+            model.finished = True
+            log.warning("model failed", extra={**model.where, "reason": verdict.message})
+            self._note(model, EventType.WARNING, "RuntimeFailed", verdict.message)
+        elif verdict.phase is RuntimePhase.READY:
+            log.info("model ready", extra={**model.where, "endpoint": verdict.endpoint})
+        await self._on_status(
+            Observation(
+                namespace=model.spec.namespace,
+                name=model.spec.name,
+                phase=verdict.phase,
+                generation=model.generation,
+                endpoint=verdict.endpoint,
+                message=verdict.message,
+            )
+        )
+        if verdict.phase is RuntimePhase.PARKED:
+            model.parked.set()
+
+    def _note(self, model: _Model, kind: EventType, reason: str, message: str) -> None:
+        if self._events is not None:
+            self._events.record(Note(model.spec.namespace, model.spec.name, kind, reason, message))

@@ -1,0 +1,187 @@
+"""The actuator in Kubernetes mode: while this replica leads (a ``coordination.k8s.io`` Lease), it watches the
+resources, applies scale commands to Deployments, hands specs to the scheduler and writes statuses back. A replica
+that stops leading stops all of that before another may start (the Lease's renew deadline is shorter than its
+duration), so one replica acts at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from flexinfer_actuator.adapters.events import EventRecorder
+from flexinfer_actuator.adapters.kubernetes import KubernetesScaler
+from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
+from flexinfer_actuator.adapters.status_writer import StatusWriter
+from flexinfer_actuator.domain.processes import ProcessInfo
+from flexinfer_actuator.loop import Actuator, StatusPublisher
+from flexinfer_actuator.settings import ActuatorSettings
+from flexinfer_common.bus import Bus
+from flexinfer_common.clock import Clock
+from flexinfer_common.kube.client import DEPLOYMENTS, GPUGROUPS, MODELS, PODS, SERVICES, KubeClient, own_namespace
+from flexinfer_common.kube.informer import Informer
+from flexinfer_common.kube.leader import LeaderElector
+from flexinfer_common.logs import get_logger
+from flexinfer_common.metrics import ACTUATOR_LEADER
+
+log = get_logger("flexinfer.actuator.kubernetes")
+
+
+@dataclass
+class Term:
+    """Everything that runs while this replica leads."""
+
+    informers: list[Informer]
+    scaler: KubernetesScaler
+    spec_sync: SpecSync
+    status_writer: StatusWriter
+    events: EventRecorder
+    actuator: Actuator
+
+
+class KubernetesMode:
+    def __init__(
+        self,
+        *,
+        settings: ActuatorSettings,
+        bus: Bus,
+        client: KubeClient,
+        statuses: StatusPublisher,
+        instance: str,
+        clock: Clock,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.client = client
+        self.statuses = statuses
+        self.instance = instance
+        self.clock = clock
+        self.namespaces = settings.namespaces()
+        self.term: Term | None = None
+        self.elector: LeaderElector | None = None
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ what the service shows
+
+    @property
+    def leading(self) -> bool:
+        return self.term is not None
+
+    def processes(self) -> list[ProcessInfo]:
+        return self.term.scaler.snapshot() if self.term is not None else []
+
+    def consuming(self) -> bool:
+        """Ready: leading with every cache synced and consuming, or standing by."""
+        if self.term is None:
+            return True
+        return all(i.synced for i in self.term.informers) and self.term.actuator.consuming
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        ACTUATOR_LEADER.set(0)
+        if not self.settings.leader_election:
+            await self.start_leading()
+            try:
+                await stop.wait()
+            finally:
+                await self.stop_leading()
+            return
+        namespace = self.settings.leader_election_namespace or own_namespace(self.settings.namespace)
+        self.elector = LeaderElector(
+            self.client,
+            namespace=namespace,
+            name=self.settings.leader_election_lease,
+            identity=self.instance,
+            lease_duration=self.settings.leader_lease_duration.total_seconds(),
+            renew_deadline=self.settings.leader_renew_deadline.total_seconds(),
+            retry_period=self.settings.leader_retry_period.total_seconds(),
+            on_started_leading=self.start_leading,
+            on_stopped_leading=self.stop_leading,
+        )
+        log.info("standing by for the actuator lease", extra=self.elector.where)
+        await self.elector.run(stop)
+
+    async def start_leading(self) -> None:
+        async with self._lock:
+            if self.term is not None:
+                return
+            self.term = self._build_term()
+            term = self.term
+            for informer in term.informers:
+                informer.start()
+            term.spec_sync.start()
+            await term.status_writer.start()
+            # Commands only once the Deployments and Pods are known: a command is judged against them.
+            await asyncio.gather(*(i.wait_synced() for i in term.informers))
+            await term.actuator.start()
+            ACTUATOR_LEADER.set(1)
+            log.info(
+                "acting: watching resources and applying commands",
+                extra={"namespaces": self.namespaces or "all", "actuator": self.instance},
+            )
+
+    async def stop_leading(self) -> None:
+        async with self._lock:
+            term, self.term = self.term, None
+            ACTUATOR_LEADER.set(0)
+            if term is None:
+                return
+            with contextlib.suppress(Exception):
+                await term.actuator.stop()  # stops consuming; the scaler leaves Deployments as they are
+            await term.status_writer.stop()
+            await term.spec_sync.stop()
+            await term.events.flush()
+            for informer in term.informers:
+                await informer.stop()
+            log.info("stopped acting", extra={"actuator": self.instance})
+
+    def _build_term(self) -> Term:
+        client, namespaces = self.client, self.namespaces
+
+        def informer(resource: object) -> Informer:
+            return Informer(client, resource, namespaces)  # type: ignore[arg-type]
+
+        models, groups = informer(MODELS), informer(GPUGROUPS)
+        deployments, pods, services = informer(DEPLOYMENTS), informer(PODS), informer(SERVICES)
+        events = EventRecorder(client, informers={"Model": models, "GPUGroup": groups}, instance=self.instance)
+        errors = SpecErrors()
+        spec_sync = SpecSync(
+            bus=self.bus,
+            models=models,
+            groups=groups,
+            namespaces=namespaces,
+            errors=errors,
+            clock=self.clock,
+            note=events.record,
+        )
+        status_writer = StatusWriter(
+            bus=self.bus,
+            client=client,
+            models=models,
+            groups=groups,
+            services=services,
+            errors=errors,
+            events=events,
+            clock=self.clock,
+        )
+        scaler = KubernetesScaler(
+            client=client,
+            deployments=deployments,
+            pods=pods,
+            on_status=self.statuses.report,
+            load_timeout=self.settings.load_timeout,
+            events=events,
+            clock=self.clock,
+        )
+        actuator = Actuator(
+            bus=self.bus,
+            scaler=scaler,
+            statuses=self.statuses,
+            instance=self.instance,
+            clock=self.clock,
+            # Nothing runs in this process: a park still waiting for Pods to go is safely left to the next leader.
+            drain_timeout=2.0,
+        )
+        return Term([models, groups, deployments, pods, services], scaler, spec_sync, status_writer, events, actuator)

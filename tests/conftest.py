@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.kube.fixtures import kube  # noqa: F401  (the emulated Kubernetes cluster fixture)
 from tests.support.servers import TestServers, create_test_database, drop_test_database, start_test_servers
 
 _OWN_BASETEMP: list[Path] = []

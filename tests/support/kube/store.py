@@ -100,7 +100,7 @@ def _content(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     """One open watch: a queue of events that match its resource, namespace and selectors."""
 

@@ -371,7 +371,12 @@ class Store:
                                                                 "`selector` does not match template `labels`"))
             causes.extend(self._pod_spec_causes((spec.get("template") or {}).get("spec"), "spec.template.spec"))
         elif rt.key == ("batch", "jobs"):
-            causes.extend(self._pod_spec_causes((spec.get("template") or {}).get("spec"), "spec.template.spec"))
+            template_spec = (spec.get("template") or {}).get("spec") or {}
+            causes.extend(self._pod_spec_causes(template_spec, "spec.template.spec"))
+            if template_spec.get("restartPolicy") not in ("OnFailure", "Never"):
+                causes.append(("spec.template.spec.restartPolicy", f'Unsupported value: '
+                                                                   f'"{template_spec.get("restartPolicy")}": '
+                                                                   'supported values: "OnFailure", "Never"'))
         elif rt.key == ("", "pods"):
             causes.extend(self._pod_spec_causes(spec, "spec"))
         if causes:
@@ -410,7 +415,6 @@ class Store:
                 spec.setdefault("backoffLimit", 6)
                 spec.setdefault("completions", 1)
                 spec.setdefault("parallelism", 1)
-                template["spec"]["restartPolicy"] = template["spec"].get("restartPolicy") or "Never"
         elif rt.key == ("", "namespaces"):
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
             obj["status"] = obj.get("status") or {"phase": "Active"}

@@ -32,6 +32,7 @@ KUBERNETES_VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0-flexin
                       "gitTreeState": "clean", "buildDate": "2026-11-30T00:00:00Z", "goVersion": "go1.25",
                       "compiler": "gc", "platform": "linux/amd64"}
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+LOGGED = web.RequestKey("flexinfer-emulator-logged", bool)
 
 
 @dataclass(frozen=True)
@@ -242,10 +243,12 @@ class Emulator:
             log.exception("emulator failed on %s %s", request.method, request.path_qs)
             failure = ApiError(Reason.INTERNAL_ERROR, f"emulator error: {error!r}")
             response = web.json_response(failure.status(), status=500)
-        self._log(request, target, response.status)
+        if not request.get(LOGGED):
+            self._log(request, target, response.status)
         return response
 
     def _log(self, request: web.Request, target: _Target | None, status: int) -> None:
+        request[LOGGED] = True
         self.requests.append(
             ApiCall(
                 verb=target.verb if target else request.method.lower(),
@@ -457,6 +460,8 @@ class Emulator:
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
+        # A watch is logged when it opens (tests wait for "the client is watching"), not when it ends.
+        self._log(request, _Target("watch", rt, namespace, "", ""), 200)
         table = self._wants_table(request)
         try:
             watcher = self.store.watch(rt, namespace, labels, fields, None if initial else rv)

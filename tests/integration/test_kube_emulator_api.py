@@ -31,20 +31,31 @@ def status_of(error: ApiException) -> dict[str, Any]:
     return body
 
 
-def raw(api: client.ApiClient, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
-        body: Any = None, content_type: str = "application/json") -> tuple[int, Any]:
+def raw(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, str]] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
     """The generic call the actuator's back-end makes: param_serialize + call_api, JSON body, no preloading."""
     headers = {"Accept": "application/json", "Content-Type": content_type}
-    method, url, headers, serialized, _ = api.param_serialize(method, path, query_params=query or [],
-                                                              header_params=headers, body=body,
-                                                              auth_settings=["BearerToken"])
+    method, url, headers, serialized, _ = api.param_serialize(
+        method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+    )
     response = api.call_api(method, url, headers, serialized)
     return response.status, json.loads(response.read() or b"null")
 
 
 def model(name: str, **gpu: Any) -> dict[str, Any]:
-    return {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "metadata": {"name": name},
-            "spec": {"backend": "fake", "gpu": {"shared": "g", **gpu}}}
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {"backend": "fake", "gpu": {"shared": "g", **gpu}},
+    }
 
 
 MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")
@@ -52,8 +63,9 @@ MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")
 
 async def test_crud_status_codes_and_bodies(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    created = await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "cm", "labels": {"a": "1"}},
-                                                                 "data": {"k": "v"}})
+    created = await call(
+        core.create_namespaced_config_map, NS, {"metadata": {"name": "cm", "labels": {"a": "1"}}, "data": {"k": "v"}}
+    )
     assert created.metadata.uid and created.metadata.resource_version
     fetched = await call(core.read_namespaced_config_map, "cm", NS)
     assert fetched.data == {"k": "v"}
@@ -103,20 +115,27 @@ async def test_stale_resource_version_is_409_conflict(kube: KubeCluster) -> None
     assert "the object has been modified" in body["message"]
     # A resourceVersion inside a patch body is a precondition too.
     with pytest.raises(ApiException) as patched:
-        await call(custom.patch_namespaced_custom_object, *MODELS, "m",
-                   {"metadata": {"resourceVersion": first["metadata"]["resourceVersion"]}, "spec": {"source": "x"}})
+        await call(
+            custom.patch_namespaced_custom_object,
+            *MODELS,
+            "m",
+            {"metadata": {"resourceVersion": first["metadata"]["resourceVersion"]}, "spec": {"source": "x"}},
+        )
     assert patched.value.status == 409
 
 
 async def test_generation_status_subresource_and_schema(kube: KubeCluster) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    created = await call(custom.create_namespaced_custom_object, *MODELS,
-                         {**model("m"), "status": {"phase": "Ready"}})
+    created = await call(custom.create_namespaced_custom_object, *MODELS, {**model("m"), "status": {"phase": "Ready"}})
     assert created["metadata"]["generation"] == 1 and "status" not in created
     assert created["spec"]["gpu"]["priority"] == 0  # the CRD's default
 
-    status = await call(custom.patch_namespaced_custom_object_status, *MODELS, "m",
-                        {"status": {"phase": "Loading", "sharedGroup": {"state": "Active", "queuePosition": 0}}})
+    status = await call(
+        custom.patch_namespaced_custom_object_status,
+        *MODELS,
+        "m",
+        {"status": {"phase": "Loading", "sharedGroup": {"state": "Active", "queuePosition": 0}}},
+    )
     assert status["status"]["phase"] == "Loading" and status["metadata"]["generation"] == 1
 
     ignored = await call(custom.patch_namespaced_custom_object, *MODELS, "m", {"status": {"phase": "Failed"}})
@@ -136,14 +155,28 @@ async def test_generation_status_subresource_and_schema(kube: KubeCluster) -> No
 
 async def test_deployment_scale_subresource(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.create_namespaced_deployment, NS, {
-        "metadata": {"name": "d"},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}},
-                 "template": {"metadata": {"labels": {"app": "d"}},
-                              "spec": {"containers": [{"name": "c", "image": "registry.example/none:1"}]}}}})
+    await call(
+        apps.create_namespaced_deployment,
+        NS,
+        {
+            "metadata": {"name": "d"},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "d"}},
+                "template": {
+                    "metadata": {"labels": {"app": "d"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.example/none:1"}]},
+                },
+            },
+        },
+    )
     scale = await call(apps.read_namespaced_deployment_scale, "d", NS)
     assert (scale.kind, scale.api_version, scale.spec.replicas, scale.status.selector) == (
-        "Scale", "autoscaling/v1", 0, "app=d")
+        "Scale",
+        "autoscaling/v1",
+        0,
+        "app=d",
+    )
     patched = await call(apps.patch_namespaced_deployment_scale, "d", NS, {"spec": {"replicas": 1}})
     assert patched.spec.replicas == 1
     deployment = await call(apps.read_namespaced_deployment, "d", NS)
@@ -153,18 +186,25 @@ async def test_deployment_scale_subresource(kube: KubeCluster) -> None:
     with pytest.raises(ApiException) as caught:
         await call(apps.replace_namespaced_deployment_scale, "d", NS, scale)
     assert caught.value.status == 409
-    status, body = await asyncio.to_thread(raw, kube.api_client(), "PATCH",
-                                           f"/apis/apps/v1/namespaces/{NS}/deployments/d/scale",
-                                           body=[{"op": "replace", "path": "/spec/replicas", "value": 0}],
-                                           content_type="application/json-patch+json")
+    status, body = await asyncio.to_thread(
+        raw,
+        kube.api_client(),
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{NS}/deployments/d/scale",
+        body=[{"op": "replace", "path": "/spec/replicas", "value": 0}],
+        content_type="application/json-patch+json",
+    )
     assert status == 200 and body["spec"]["replicas"] == 0
 
 
 async def test_label_and_field_selectors_on_list(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
     await call(core.create_namespace, {"metadata": {"name": "other"}})
-    for ns, name, labels in [(NS, "a", {"app": "x", "tier": "gpu"}), (NS, "b", {"app": "y"}),
-                             ("other", "c", {"app": "x"})]:
+    for ns, name, labels in [
+        (NS, "a", {"app": "x", "tier": "gpu"}),
+        (NS, "b", {"app": "y"}),
+        ("other", "c", {"app": "x"}),
+    ]:
         await call(core.create_namespaced_config_map, ns, {"metadata": {"name": name, "labels": labels}})
 
     async def names(**kwargs: Any) -> list[str]:
@@ -190,8 +230,14 @@ def watch_events(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict
     events = []
     for event in watch.Watch().stream(fn, *args, **kwargs):
         raw_object = event["raw_object"]
-        events.append({"type": event["type"], "name": raw_object["metadata"].get("name"),
-                       "rv": raw_object["metadata"].get("resourceVersion"), "object": raw_object})
+        events.append(
+            {
+                "type": event["type"],
+                "name": raw_object["metadata"].get("name"),
+                "rv": raw_object["metadata"].get("resourceVersion"),
+                "object": raw_object,
+            }
+        )
     return events
 
 
@@ -205,10 +251,20 @@ async def test_watch_resumes_from_a_resource_version_and_filters(kube: KubeClust
     await call(core.patch_namespaced_config_map, "a", NS, {"data": {"k": "v"}})
     await call(core.patch_namespaced_config_map, "a", NS, {"metadata": {"labels": {"w": "2"}}})  # leaves selector
     await call(core.delete_namespaced_config_map, "before", NS)
-    events = await call(watch_events, core.list_namespaced_config_map, NS, resource_version=since,
-                        label_selector="w=1", timeout_seconds=1)
+    events = await call(
+        watch_events,
+        core.list_namespaced_config_map,
+        NS,
+        resource_version=since,
+        label_selector="w=1",
+        timeout_seconds=1,
+    )
     assert [(e["type"], e["name"]) for e in events] == [
-        ("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a"), ("DELETED", "before")]
+        ("ADDED", "a"),
+        ("MODIFIED", "a"),
+        ("DELETED", "a"),
+        ("DELETED", "before"),
+    ]
     rvs = [int(e["rv"]) for e in events]
     assert rvs == sorted(rvs) and rvs[0] > int(since)
 
@@ -226,15 +282,22 @@ async def test_watch_after_compaction_gets_410_gone(kube: KubeCluster) -> None:
     await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
     kube.compact()
     with pytest.raises(ApiException) as caught:
-        await call(watch_events, core.list_namespaced_config_map, NS, resource_version=listed.metadata.resource_version,
-                   timeout_seconds=1)
+        await call(
+            watch_events,
+            core.list_namespaced_config_map,
+            NS,
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=1,
+        )
     assert caught.value.status == 410
     # On the wire: HTTP 200, then one ERROR event carrying the Status.
-    status, _ = await asyncio.to_thread(raw, kube.api_client(), "GET", f"/api/v1/namespaces/{NS}/configmaps",
-                                        query=[("limit", "1")])
+    status, _ = await asyncio.to_thread(
+        raw, kube.api_client(), "GET", f"/api/v1/namespaces/{NS}/configmaps", query=[("limit", "1")]
+    )
     assert status == 200
-    http_status, text = await kube_get_text(kube, f"/api/v1/namespaces/{NS}/configmaps?watch=true&resourceVersion="
-                                                  f"{listed.metadata.resource_version}")
+    http_status, text = await kube_get_text(
+        kube, f"/api/v1/namespaces/{NS}/configmaps?watch=true&resourceVersion={listed.metadata.resource_version}"
+    )
     (line,) = text.splitlines()
     event = json.loads(line)
     assert http_status == 200 and event["type"] == "ERROR"
@@ -253,23 +316,44 @@ async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
     listed = await call(core.list_namespaced_config_map, NS)
     started = time.monotonic()
-    events = await call(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=1,
-                        resource_version=listed.metadata.resource_version, allow_watch_bookmarks=True)
+    events = await call(
+        watch_events,
+        core.list_namespaced_config_map,
+        NS,
+        timeout_seconds=1,
+        resource_version=listed.metadata.resource_version,
+        allow_watch_bookmarks=True,
+    )
     elapsed = time.monotonic() - started
     assert 1.0 <= elapsed < 5.0
     assert events and {e["type"] for e in events} == {"BOOKMARK"}
-    assert events[0]["object"] == {"kind": "ConfigMap", "apiVersion": "v1",
-                                   "metadata": {"resourceVersion": listed.metadata.resource_version}}
-    without = await call(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=1,
-                         resource_version=listed.metadata.resource_version)
+    assert events[0]["object"] == {
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": listed.metadata.resource_version},
+    }
+    without = await call(
+        watch_events,
+        core.list_namespaced_config_map,
+        NS,
+        timeout_seconds=1,
+        resource_version=listed.metadata.resource_version,
+    )
     assert without == []
 
 
 async def test_expire_watches_ends_open_streams(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
     listed = await call(core.list_namespaced_config_map, NS)
-    ending = asyncio.ensure_future(call(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=60,
-                                        resource_version=listed.metadata.resource_version))
+    ending = asyncio.ensure_future(
+        call(
+            watch_events,
+            core.list_namespaced_config_map,
+            NS,
+            timeout_seconds=60,
+            resource_version=listed.metadata.resource_version,
+        )
+    )
     await kube.wait_for(lambda: kube.store.watchers, message="the watch to open")
     await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "seen"}})
     kube.expire_watches()
@@ -281,8 +365,14 @@ async def test_owner_reference_garbage_collection(kube: KubeCluster) -> None:
     api = kube.api_client()
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     owner = await call(custom.create_namespaced_custom_object, *MODELS, model("m"))
-    ref = {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "name": "m", "uid": owner["metadata"]["uid"],
-           "controller": True, "blockOwnerDeletion": True}
+    ref = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "name": "m",
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "owned", "ownerReferences": [ref]}})
     await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "free"}})
     await call(custom.delete_namespaced_custom_object, *MODELS, "m")
@@ -321,7 +411,9 @@ async def test_injected_conflicts_and_the_request_log(kube: KubeCluster) -> None
     assert done["status"]["phase"] == "Ready"
     writes = kube.calls(resource="models", subresource="status")
     assert [(c.verb, c.api_group, c.namespace, c.name, c.status) for c in writes] == [
-        ("patch", "ai.flexinfer", NS, "m", 409), ("patch", "ai.flexinfer", NS, "m", 409),
-        ("patch", "ai.flexinfer", NS, "m", 200)]
+        ("patch", "ai.flexinfer", NS, "m", 409),
+        ("patch", "ai.flexinfer", NS, "m", 409),
+        ("patch", "ai.flexinfer", NS, "m", 200),
+    ]
     assert writes[0].resource_path == "models/status"
     assert {c.verb for c in kube.calls(resource="models")} == {"create", "patch"}

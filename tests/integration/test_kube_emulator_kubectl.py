@@ -15,9 +15,11 @@ from tests.support.kube import KubeCluster
 
 NS = "default"
 MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")
-SEED_COLUMNS = ("custom-columns=NAME:.metadata.name,SHARED:.spec.gpu.shared,PRIORITY:.spec.gpu.priority,"
-                "PHASE:.status.phase,STATE:.status.sharedGroup.state,QUEUE:.status.sharedGroup.queuePosition,"
-                "LAST_ACTIVE:.status.lastActiveTime")
+SEED_COLUMNS = (
+    "custom-columns=NAME:.metadata.name,SHARED:.spec.gpu.shared,PRIORITY:.spec.gpu.priority,"
+    "PHASE:.status.phase,STATE:.status.sharedGroup.state,QUEUE:.status.sharedGroup.queuePosition,"
+    "LAST_ACTIVE:.status.lastActiveTime"
+)
 
 
 async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -35,8 +37,10 @@ async def set_status(kube: KubeCluster, name: str, status: dict[str, Any]) -> No
 
 async def test_apply_the_example_then_get_models_and_the_seed_columns(kube: KubeCluster) -> None:
     applied = (await kube.kubectl("apply", "-f", "examples/homelab.yaml")).check()
-    assert applied.stdout.splitlines() == ["model.ai.flexinfer/chat-small created",
-                                           "model.ai.flexinfer/chat-large created"]
+    assert applied.stdout.splitlines() == [
+        "model.ai.flexinfer/chat-small created",
+        "model.ai.flexinfer/chat-large created",
+    ]
     assert [c.query.get("fieldValidation") for c in kube.calls(verb="create", resource="models")] == ["Strict"] * 2
 
     table = rows((await kube.kubectl("get", "models")).check().stdout)
@@ -44,8 +48,11 @@ async def test_apply_the_example_then_get_models_and_the_seed_columns(kube: Kube
     assert [r[:3] for r in table[1:]] == [["chat-large", "homelab-gpu", "100"], ["chat-small", "homelab-gpu", "50"]]
 
     active = (datetime.now(UTC) - timedelta(seconds=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    await set_status(kube, "chat-large", {"phase": "Ready", "lastActiveTime": active,
-                                          "sharedGroup": {"state": "Active", "queuePosition": 0}})
+    await set_status(
+        kube,
+        "chat-large",
+        {"phase": "Ready", "lastActiveTime": active, "sharedGroup": {"state": "Active", "queuePosition": 0}},
+    )
     await set_status(kube, "chat-small", {"phase": "Pending", "sharedGroup": {"state": "Queued", "queuePosition": 1}})
     table = rows((await kube.kubectl("get", "models")).check().stdout)
     assert table[1][:6] == ["chat-large", "homelab-gpu", "100", "Ready", "Active", "0"]
@@ -53,9 +60,11 @@ async def test_apply_the_example_then_get_models_and_the_seed_columns(kube: Kube
     assert table[2] == ["chat-small", "homelab-gpu", "50", "Pending", "Queued", "1"]
 
     seed = rows((await kube.kubectl("get", "models", "-n", NS, "-o", SEED_COLUMNS)).check().stdout)
-    assert seed == [["NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"],
-                    ["chat-large", "homelab-gpu", "100", "Ready", "Active", "0", active],
-                    ["chat-small", "homelab-gpu", "50", "Pending", "Queued", "1", "<none>"]]
+    assert seed == [
+        ["NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"],
+        ["chat-large", "homelab-gpu", "100", "Ready", "Active", "0", active],
+        ["chat-small", "homelab-gpu", "50", "Pending", "Queued", "1", "<none>"],
+    ]
 
     everywhere = rows((await kube.kubectl("get", "models", "-A")).check().stdout)
     assert everywhere[0][:2] == ["NAMESPACE", "NAME"] and everywhere[1][:2] == [NS, "chat-large"]
@@ -65,8 +74,12 @@ async def test_apply_the_example_then_get_models_and_the_seed_columns(kube: Kube
 
 
 async def test_apply_refuses_an_unknown_field_as_the_api_server_does(kube: KubeCluster) -> None:
-    manifest = {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "metadata": {"name": "typo"},
-                "spec": {"gpu": {"shard": "g"}}}
+    manifest = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "typo"},
+        "spec": {"gpu": {"shard": "g"}},
+    }
     result = await kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     assert result.returncode == 1
     assert 'strict decoding error: unknown field "spec.gpu.shard"' in result.stderr
@@ -74,58 +87,109 @@ async def test_apply_refuses_an_unknown_field_as_the_api_server_does(kube: KubeC
 
 async def test_get_gpuleases_prints_the_seed_columns(kube: KubeCluster) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    lease = {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPULease",
-             "metadata": {"name": "qwen3-1p7b-lora-gpu-lease"},
-             "spec": {"group": "5930k-textgen", "owner": "qwen3-1p7b-lora", "node": "cblevins-5930k",
-                      "ttlSeconds": 3600}}
+    lease = {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "GPULease",
+        "metadata": {"name": "qwen3-1p7b-lora-gpu-lease"},
+        "spec": {"group": "5930k-textgen", "owner": "qwen3-1p7b-lora", "node": "cblevins-5930k", "ttlSeconds": 3600},
+    }
     await call(custom.create_namespaced_custom_object, "ai.flexinfer", "v1alpha1", NS, "gpuleases", lease)
-    await call(custom.patch_namespaced_custom_object_status, "ai.flexinfer", "v1alpha1", NS, "gpuleases",
-               "qwen3-1p7b-lora-gpu-lease", {"status": {"expiresAt": "2030-01-01T00:00:00Z"}})
+    await call(
+        custom.patch_namespaced_custom_object_status,
+        "ai.flexinfer",
+        "v1alpha1",
+        NS,
+        "gpuleases",
+        "qwen3-1p7b-lora-gpu-lease",
+        {"status": {"expiresAt": "2030-01-01T00:00:00Z"}},
+    )
     table = rows((await kube.kubectl("get", "gpuleases")).check().stdout)
-    assert table == [["NAME", "GROUP", "OWNER", "NODE", "EXPIRES"],
-                     ["qwen3-1p7b-lora-gpu-lease", "5930k-textgen", "qwen3-1p7b-lora", "cblevins-5930k",
-                      "2030-01-01T00:00:00Z"]]
+    assert table == [
+        ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES"],
+        ["qwen3-1p7b-lora-gpu-lease", "5930k-textgen", "qwen3-1p7b-lora", "cblevins-5930k", "2030-01-01T00:00:00Z"],
+    ]
 
 
 async def test_wait_for_a_condition_and_for_a_jsonpath(kube: KubeCluster) -> None:
     (await kube.kubectl("apply", "-f", "examples/homelab.yaml")).check()
-    waiting = asyncio.ensure_future(kube.kubectl("wait", "--for=jsonpath={.status.phase}=Ready", "model/chat-small",
-                                                 "--timeout=20s"))
+    waiting = asyncio.ensure_future(
+        kube.kubectl("wait", "--for=jsonpath={.status.phase}=Ready", "model/chat-small", "--timeout=20s")
+    )
     await kube.wait_for(lambda: kube.calls(verb="watch", resource="models"), message="kubectl to watch")
     assert not waiting.done()
     await set_status(kube, "chat-small", {"phase": "Ready"})
     result = await asyncio.wait_for(waiting, timeout=30)
     assert result.check().stdout.strip() == "model.ai.flexinfer/chat-small condition met"
 
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-                  "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                           "template": {"metadata": {"labels": {"app": "web"}},
-                                        "spec": {"containers": [{"name": "c", "image": "example/web:1"}]}}}}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "example/web:1"}]},
+            },
+        },
+    }
     (await kube.kubectl("apply", "-f", "-", input=json.dumps(deployment))).check()
     waited = (await kube.kubectl("wait", "--for=condition=Available", "deployment/web", "--timeout=20s")).check()
     assert waited.stdout.strip() == "deployment.apps/web condition met"
 
 
 async def test_wait_for_a_custom_resource_condition(kube: KubeCluster) -> None:
-    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-           "metadata": {"name": "widgets.example.com"},
-           "spec": {"group": "example.com", "scope": "Namespaced",
-                    "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-                    "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
-                                  "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                                      "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                      "status": {"type": "object", "properties": {"conditions": {
-                                          "type": "array", "items": {"type": "object",
-                                                                     "x-kubernetes-preserve-unknown-fields": True}}}},
-                                  }}}}]}}
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                "status": {
+                                    "type": "object",
+                                    "properties": {
+                                        "conditions": {
+                                            "type": "array",
+                                            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                        }
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
     (await kube.kubectl("apply", "-f", "-", input=json.dumps(crd))).check()
     widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}}
     (await kube.kubectl("apply", "-f", "-", input=json.dumps(widget))).check()
     waiting = asyncio.ensure_future(kube.kubectl("wait", "--for=condition=Active", "widget/w", "--timeout=20s"))
     await kube.wait_for(lambda: kube.calls(verb="watch", resource="widgets"), message="kubectl to watch")
     custom = client.CustomObjectsApi(kube.api_client())
-    await call(custom.patch_namespaced_custom_object_status, "example.com", "v1", NS, "widgets", "w",
-               {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Elected"}]}})
+    await call(
+        custom.patch_namespaced_custom_object_status,
+        "example.com",
+        "v1",
+        NS,
+        "widgets",
+        "w",
+        {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Elected"}]}},
+    )
     result = await asyncio.wait_for(waiting, timeout=30)
     assert result.check().stdout.strip() == "widget.example.com/w condition met"
 
@@ -136,17 +200,31 @@ async def test_describe_lists_the_events_of_the_object(kube: KubeCluster) -> Non
     assert created is not None
     core = client.CoreV1Api(kube.api_client())
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    await call(core.create_namespaced_event, NS, {
-        "metadata": {"generateName": "chat-large."},
-        "involvedObject": {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "name": "chat-large",
-                           "namespace": NS, "uid": created["metadata"]["uid"]},
-        "type": "Normal", "reason": "SwapStarted", "message": "parking chat-small to load chat-large",
-        "source": {"component": "flexinfer-actuator"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+    await call(
+        core.create_namespaced_event,
+        NS,
+        {
+            "metadata": {"generateName": "chat-large."},
+            "involvedObject": {
+                "apiVersion": "ai.flexinfer/v1alpha2",
+                "kind": "Model",
+                "name": "chat-large",
+                "namespace": NS,
+                "uid": created["metadata"]["uid"],
+            },
+            "type": "Normal",
+            "reason": "SwapStarted",
+            "message": "parking chat-small to load chat-large",
+            "source": {"component": "flexinfer-actuator"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        },
+    )
     described = (await kube.kubectl("describe", "model", "chat-large")).check().stdout
     assert "Name:         chat-large" in described
     events = described.split("Events:")[1]
-    assert re.search(r"Normal\s+SwapStarted\s+\S+\s+flexinfer-actuator\s+parking chat-small to load chat-large",
-                     events)
+    assert re.search(r"Normal\s+SwapStarted\s+\S+\s+flexinfer-actuator\s+parking chat-small to load chat-large", events)
     query = kube.calls(verb="list", resource="events")[-1].query["fieldSelector"]
     assert "involvedObject.name=chat-large" in query and "involvedObject.uid=" in query
 

@@ -20,11 +20,21 @@ NS = "default"
 FAKE_IMAGE = "ghcr.io/flexinfer/fake-model:test"
 
 
-def deployment(name: str, *, replicas: int = 0, gpu: int = 1, command: list[str] | None = None,
-               image: str = FAKE_IMAGE, strategy: str = "Recreate", grace: int = 5,
-               node_selector: dict[str, str] | None = None, policy: str = "File") -> dict[str, Any]:
+def deployment(
+    name: str,
+    *,
+    replicas: int = 0,
+    gpu: int = 1,
+    command: list[str] | None = None,
+    image: str = FAKE_IMAGE,
+    strategy: str = "Recreate",
+    grace: int = 5,
+    node_selector: dict[str, str] | None = None,
+    policy: str = "File",
+) -> dict[str, Any]:
     container: dict[str, Any] = {
-        "name": "server", "image": image,
+        "name": "server",
+        "image": image,
         "command": command or ["flexinfer-fake-model", "--model", name],
         "ports": [{"name": "http", "containerPort": 8000}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
@@ -36,10 +46,15 @@ def deployment(name: str, *, replicas: int = 0, gpu: int = 1, command: list[str]
     if node_selector:
         spec["nodeSelector"] = node_selector
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": replicas, "strategy": {"type": strategy},
-                 "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": strategy},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
     }
 
 
@@ -73,12 +88,15 @@ async def test_scale_up_serves_http_on_the_pod_ip_and_scale_down_terminates(kube
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{kube.pod_endpoint(pod)}/health") as health:
             assert health.status == 200
-        async with session.post(f"{kube.pod_endpoint(pod)}/v1/chat/completions",
-                                json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]}) as answer:
+        async with session.post(
+            f"{kube.pod_endpoint(pod)}/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        ) as answer:
             assert (await answer.json())["choices"][0]["message"]["content"] == "[chat] hi"
 
-    status = await kube.wait_for(lambda: (d := kube.get("deployments", "chat")) and
-                                 d["status"].get("readyReplicas") == 1 and d["status"])
+    status = await kube.wait_for(
+        lambda: (d := kube.get("deployments", "chat")) and d["status"].get("readyReplicas") == 1 and d["status"]
+    )
     assert (status["replicas"], status["updatedReplicas"], status["availableReplicas"]) == (1, 1, 1)
     assert status["observedGeneration"] == kube.get("deployments", "chat")["metadata"]["generation"]
     assert condition(kube.get("deployments", "chat"), "Available")["status"] == "True"
@@ -95,8 +113,9 @@ async def test_scale_up_serves_http_on_the_pod_ip_and_scale_down_terminates(kube
     await kube.wait_for(lambda: not kube.pods("app=chat"), message="the pod to go")
     assert ("MODIFIED", True) in seen and seen[-1] == ("DELETED", True)  # Terminating, then gone
     assert not _alive(pid)
-    final = await kube.wait_for(lambda: (d := kube.get("deployments", "chat")) and
-                                "readyReplicas" not in d["status"] and d["status"])
+    final = await kube.wait_for(
+        lambda: (d := kube.get("deployments", "chat")) and "readyReplicas" not in d["status"] and d["status"]
+    )
     assert "replicas" not in final
 
 
@@ -120,15 +139,17 @@ async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: 
     await call(apps.create_namespaced_deployment, NS, deployment("first", replicas=1))
     await kube.wait_for(lambda: kube.ready_pods("app=first"))
     await call(apps.create_namespaced_deployment, NS, deployment("second", replicas=1))
-    (pending,) = await kube.wait_for(lambda: [p for p in kube.pods("app=second")
-                                              if condition(p, "PodScheduled").get("reason") == "Unschedulable"])
+    (pending,) = await kube.wait_for(
+        lambda: [p for p in kube.pods("app=second") if condition(p, "PodScheduled").get("reason") == "Unschedulable"]
+    )
     scheduled = condition(pending, "PodScheduled")
     assert scheduled["status"] == "False"
     assert scheduled["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
     assert pending["status"]["phase"] == "Pending" and "podIP" not in pending["status"]
     events = kube.list("events")
-    assert any(e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == pending["metadata"]["name"]
-               for e in events)
+    assert any(
+        e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == pending["metadata"]["name"] for e in events
+    )
 
     await scale(kube, "first", 0)
     await kube.wait_for(lambda: kube.ready_pods("app=second"), message="the second model to load")
@@ -137,24 +158,33 @@ async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: 
 
 async def test_node_selector_that_does_not_match_stays_pending(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.create_namespaced_deployment, NS,
-               deployment("elsewhere", replicas=1, gpu=0, node_selector={"kubernetes.io/hostname": "gpu-box"}))
+    await call(
+        apps.create_namespaced_deployment,
+        NS,
+        deployment("elsewhere", replicas=1, gpu=0, node_selector={"kubernetes.io/hostname": "gpu-box"}),
+    )
     (pod,) = await kube.wait_for(lambda: [p for p in kube.pods("app=elsewhere") if condition(p, "PodScheduled")])
     assert condition(pod, "PodScheduled")["message"].startswith(
-        "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.")
+        "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+    )
 
 
 async def test_crash_loop_back_off_carries_the_termination_message(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
     crash = [sys.executable, "-c", "print('loading weights'); print('CUDA error: out of memory'); raise SystemExit(3)"]
-    await call(apps.create_namespaced_deployment, NS,
-               deployment("crashy", replicas=1, gpu=0, command=crash, policy="FallbackToLogsOnError"))
+    await call(
+        apps.create_namespaced_deployment,
+        NS,
+        deployment("crashy", replicas=1, gpu=0, command=crash, policy="FallbackToLogsOnError"),
+    )
 
     def crash_looping() -> dict[str, Any] | None:
         for pod in kube.pods("app=crashy"):
             status = container_status(pod)
-            if status.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff" and \
-                    status.get("restartCount", 0) >= 1:
+            if (
+                status.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+                and status.get("restartCount", 0) >= 1
+            ):
                 return status
         return None
 
@@ -169,8 +199,11 @@ async def test_crash_loop_back_off_carries_the_termination_message(kube: KubeClu
 
 async def test_missing_image_shows_image_pull_back_off_and_never_starts(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.create_namespaced_deployment, NS,
-               deployment("ghost", replicas=1, gpu=0, image="registry.example/does-not-exist:1"))
+    await call(
+        apps.create_namespaced_deployment,
+        NS,
+        deployment("ghost", replicas=1, gpu=0, image="registry.example/does-not-exist:1"),
+    )
     reasons: set[str] = set()
 
     def waiting() -> bool:
@@ -191,9 +224,10 @@ async def test_rollout_restart_replaces_the_pod(kube: KubeCluster) -> None:
     await call(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
     (old,) = await kube.wait_for(lambda: kube.ready_pods("app=chat"))
     (await kube.kubectl("rollout", "restart", "deployment/chat")).check()
-    (new,) = await kube.wait_for(lambda: [p for p in kube.ready_pods("app=chat")
-                                          if p["metadata"]["name"] != old["metadata"]["name"]] or None,
-                                 message="a new Ready pod")
+    (new,) = await kube.wait_for(
+        lambda: [p for p in kube.ready_pods("app=chat") if p["metadata"]["name"] != old["metadata"]["name"]] or None,
+        message="a new Ready pod",
+    )
     assert new["metadata"]["labels"]["pod-template-hash"] != old["metadata"]["labels"]["pod-template-hash"]
     assert kube.get("pods", old["metadata"]["name"]) is None  # Recreate: the old one went first (one GPU)
     (await kube.kubectl("rollout", "status", "deployment/chat", "--timeout=20s")).check()
@@ -219,21 +253,33 @@ async def test_rolling_update_starts_the_new_pod_before_stopping_the_old(kube: K
 
     kube.store.listeners.append(record)
     (await kube.kubectl("rollout", "restart", "deployment/web")).check()
-    await kube.wait_for(lambda: [p for p in kube.pods("app=web")] and
-                        all(p["metadata"]["name"] != old["metadata"]["name"] for p in kube.pods("app=web")))
+    await kube.wait_for(
+        lambda: (
+            [p for p in kube.pods("app=web")]
+            and all(p["metadata"]["name"] != old["metadata"]["name"] for p in kube.pods("app=web"))
+        )
+    )
     assert order == ["new-ready", "old-terminating"]
 
 
 async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    stubborn = [sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                      "print('up', flush=True)\ntime.sleep(600)"]
-    pod = {"metadata": {"name": "stubborn"},
-           "spec": {"terminationGracePeriodSeconds": 2,
-                    "containers": [{"name": "c", "image": "python:3", "command": stubborn}]}}
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)",
+    ]
+    pod = {
+        "metadata": {"name": "stubborn"},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{"name": "c", "image": "python:3", "command": stubborn}],
+        },
+    }
     await call(core.create_namespaced_pod, NS, pod)
-    running = await kube.wait_for(lambda: (p := kube.get("pods", "stubborn")) and
-                                  container_status(p).get("state", {}).get("running") and p)
+    running = await kube.wait_for(
+        lambda: (p := kube.get("pods", "stubborn")) and container_status(p).get("state", {}).get("running") and p
+    )
     await kube.wait_for(lambda: "up" in kube.container_log("stubborn"), message="SIGTERM to be ignored")
     pid = int(container_status(running)["containerID"].removeprefix("fake://"))
     loop = asyncio.get_running_loop()
@@ -252,9 +298,22 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
 
 async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespaced_pod, NS, {"metadata": {"name": "p"}, "spec": {
-        "containers": [{"name": "c", "image": "python:3", "command": [sys.executable, "-c",
-                                                                      "import time; time.sleep(600)"]}]}})
+    await call(
+        core.create_namespaced_pod,
+        NS,
+        {
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "python:3",
+                        "command": [sys.executable, "-c", "import time; time.sleep(600)"],
+                    }
+                ]
+            },
+        },
+    )
     await kube.wait_for(lambda: (p := kube.get("pods", "p")) and container_status(p).get("state", {}).get("running"))
     await call(core.delete_namespaced_pod, "p", NS, grace_period_seconds=0)
     assert kube.get("pods", "p") is None
@@ -262,16 +321,36 @@ async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> N
 
 async def test_job_runs_its_pod_to_completion(kube: KubeCluster) -> None:
     batch = client.BatchV1Api(kube.api_client())
-    await call(batch.create_namespaced_job, NS, {"metadata": {"name": "finetune", "labels": {"kind": "train"}},
-                                                  "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
-                                                      "name": "train", "image": "python:3",
-                                                      "command": [sys.executable, "-c", "print('trained')"]}]}}}})
-    job = await kube.wait_for(lambda: (j := kube.get("jobs", "finetune")) and
-                              condition(j, "Complete").get("status") == "True" and j)
+    await call(
+        batch.create_namespaced_job,
+        NS,
+        {
+            "metadata": {"name": "finetune", "labels": {"kind": "train"}},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "python:3",
+                                "command": [sys.executable, "-c", "print('trained')"],
+                            }
+                        ],
+                    }
+                }
+            },
+        },
+    )
+    job = await kube.wait_for(
+        lambda: (j := kube.get("jobs", "finetune")) and condition(j, "Complete").get("status") == "True" and j
+    )
     assert job["status"]["succeeded"] == 1 and "active" not in job["status"]
     (pod,) = kube.pods("job-name=finetune")
     assert pod["status"]["phase"] == "Succeeded"
     assert kube.container_log(pod["metadata"]["name"]).strip() == "trained"
+    logs = (await kube.kubectl("logs", pod["metadata"]["name"])).check()
+    assert logs.stdout == "trained\n"
 
 
 async def test_closing_the_cluster_kills_every_container_process(tmp_path: Path) -> None:

@@ -58,41 +58,62 @@ def test_bad_label_selector_is_400() -> None:
 )
 def test_field_selector(selector: str, matches: bool) -> None:
     obj = {"metadata": {"name": "a", "namespace": "ns"}}
-    assert parse_field_selector(selector, frozenset({"metadata.name", "metadata.namespace"}), "x").matches(obj) \
-        is matches
+    assert (
+        parse_field_selector(selector, frozenset({"metadata.name", "metadata.namespace"}), "x").matches(obj) is matches
+    )
 
 
 def test_unsupported_field_label_is_400() -> None:
-    with pytest.raises(ApiError, match="field label not supported: spec.gpu"):
+    with pytest.raises(ApiError, match=r"field label not supported: spec\.gpu"):
         parse_field_selector("spec.gpu=1", frozenset({"metadata.name"}), "models")
 
 
-POD_SPEC = {"containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}]},
-                           {"name": "b", "image": "y:1"}]}
+POD_SPEC = {
+    "containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}]}, {"name": "b", "image": "y:1"}]
+}
 
 
 @pytest.mark.parametrize(
     ("patch", "expected"),
     [
-        pytest.param({"containers": [{"name": "a", "image": "x:2"}]},
-                     {"containers": [{"name": "a", "image": "x:2", "env": [{"name": "A", "value": "1"}]},
-                                     {"name": "b", "image": "y:1"}]},
-                     id="containers-merge-by-name"),
-        pytest.param({"containers": [{"name": "c", "image": "z:1"}]},
-                     {"containers": [*POD_SPEC["containers"], {"name": "c", "image": "z:1"}]},
-                     id="new-container-appended"),
-        pytest.param({"containers": [{"name": "b", "$patch": "delete"}]},
-                     {"containers": [POD_SPEC["containers"][0]]},
-                     id="patch-delete-directive"),
-        pytest.param({"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
-                      "containers": [{"name": "a", "env": [{"name": "B", "value": "2"}]}]},
-                     {"containers": [{"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"},
-                                                                           {"name": "B", "value": "2"}]},
-                                     {"name": "b", "image": "y:1"}]},
-                     id="env-merged-by-name-order-directive-ignored"),
-        pytest.param({"containers": [{"name": "a", "image": "q:1"}], "$patch": "replace"},
-                     {"containers": [{"name": "a", "image": "q:1"}]},
-                     id="replace-directive"),
+        pytest.param(
+            {"containers": [{"name": "a", "image": "x:2"}]},
+            {
+                "containers": [
+                    {"name": "a", "image": "x:2", "env": [{"name": "A", "value": "1"}]},
+                    {"name": "b", "image": "y:1"},
+                ]
+            },
+            id="containers-merge-by-name",
+        ),
+        pytest.param(
+            {"containers": [{"name": "c", "image": "z:1"}]},
+            {"containers": [*POD_SPEC["containers"], {"name": "c", "image": "z:1"}]},
+            id="new-container-appended",
+        ),
+        pytest.param(
+            {"containers": [{"name": "b", "$patch": "delete"}]},
+            {"containers": [POD_SPEC["containers"][0]]},
+            id="patch-delete-directive",
+        ),
+        pytest.param(
+            {
+                "$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                "containers": [{"name": "a", "env": [{"name": "B", "value": "2"}]}],
+            },
+            {
+                "containers": [
+                    {"name": "a", "image": "x:1", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
+                    {"name": "b", "image": "y:1"},
+                ]
+            },
+            id="env-merged-by-name-order-directive-ignored",
+        ),
+        pytest.param(
+            {"containers": [{"name": "a", "image": "q:1"}], "$patch": "replace"},
+            {"containers": [{"name": "a", "image": "q:1"}]},
+            id="replace-directive",
+        ),
     ],
 )
 def test_strategic_merge_patch(patch: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -105,8 +126,9 @@ def test_merge_patch_replaces_lists_and_null_deletes() -> None:
 
 
 def test_finalizers_merge_as_a_set() -> None:
-    assert strategic_merge_patch({"metadata": {"finalizers": ["a"]}}, {"metadata": {"finalizers": ["b", "a"]}}) \
-        == {"metadata": {"finalizers": ["a", "b"]}}
+    assert strategic_merge_patch({"metadata": {"finalizers": ["a"]}}, {"metadata": {"finalizers": ["b", "a"]}}) == {
+        "metadata": {"finalizers": ["a", "b"]}
+    }
 
 
 @pytest.mark.parametrize(
@@ -116,10 +138,14 @@ def test_finalizers_merge_as_a_set() -> None:
         pytest.param([{"op": "replace", "path": "/a/b", "value": 5}], {"a": {"b": 5}, "l": [1, 2]}, id="replace"),
         pytest.param([{"op": "remove", "path": "/l/0"}], {"a": {"b": 1}, "l": [2]}, id="remove"),
         pytest.param([{"op": "move", "from": "/a/b", "path": "/c"}], {"a": {}, "l": [1, 2], "c": 1}, id="move"),
-        pytest.param([{"op": "copy", "from": "/a", "path": "/d"}], {"a": {"b": 1}, "l": [1, 2], "d": {"b": 1}},
-                     id="copy"),
-        pytest.param([{"op": "test", "path": "/a/b", "value": 1}, {"op": "add", "path": "/x~1y", "value": 0}],
-                     {"a": {"b": 1}, "l": [1, 2], "x/y": 0}, id="test-then-escaped-add"),
+        pytest.param(
+            [{"op": "copy", "from": "/a", "path": "/d"}], {"a": {"b": 1}, "l": [1, 2], "d": {"b": 1}}, id="copy"
+        ),
+        pytest.param(
+            [{"op": "test", "path": "/a/b", "value": 1}, {"op": "add", "path": "/x~1y", "value": 0}],
+            {"a": {"b": 1}, "l": [1, 2], "x/y": 0},
+            id="test-then-escaped-add",
+        ),
     ],
 )
 def test_json_patch(operations: list[dict[str, Any]], expected: dict[str, Any]) -> None:
@@ -142,8 +168,11 @@ SCHEMA = {
                 "group": {"type": "string", "minLength": 1},
                 "priority": {"type": "integer", "default": 0, "maximum": 1000},
                 "mode": {"type": "string", "enum": ["A", "B"]},
-                "gpu": {"type": "object", "default": {}, "properties": {"shared": {"type": "boolean",
-                                                                                    "default": False}}},
+                "gpu": {
+                    "type": "object",
+                    "default": {},
+                    "properties": {"shared": {"type": "boolean", "default": False}},
+                },
                 "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             },
         },
@@ -153,17 +182,28 @@ SCHEMA = {
 
 
 def test_prune_reports_unknown_fields_and_keeps_preserved_ones() -> None:
-    obj = {"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a"},
-           "spec": {"group": "g", "bogus": 1, "free": {"anything": [1]}}, "status": {"conditions": []}}
+    obj = {
+        "apiVersion": "x/v1",
+        "kind": "K",
+        "metadata": {"name": "a"},
+        "spec": {"group": "g", "bogus": 1, "free": {"anything": [1]}},
+        "status": {"conditions": []},
+    }
     pruned, unknown = prune(obj, SCHEMA)
     assert unknown == ["spec.bogus", "status.conditions"]
-    assert pruned == {"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a"},
-                      "spec": {"group": "g", "free": {"anything": [1]}}, "status": {}}
+    assert pruned == {
+        "apiVersion": "x/v1",
+        "kind": "K",
+        "metadata": {"name": "a"},
+        "spec": {"group": "g", "free": {"anything": [1]}},
+        "status": {},
+    }
 
 
 def test_defaults_apply_inside_defaulted_objects() -> None:
     assert apply_defaults({"spec": {"group": "g"}}, SCHEMA) == {
-        "spec": {"group": "g", "priority": 0, "gpu": {"shared": False}}}
+        "spec": {"group": "g", "priority": 0, "gpu": {"shared": False}}
+    }
 
 
 @pytest.mark.parametrize(
@@ -185,12 +225,23 @@ def test_validate_names_the_field(spec: dict[str, Any], field: str, words: str) 
 # ------------------------------------------------------------------------------------------- the store
 
 CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "widgets.example.com"},
-    "spec": {"group": "example.com", "scope": "Namespaced",
-             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
-             "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
-                           "schema": {"openAPIV3Schema": SCHEMA}}]},
+    "spec": {
+        "group": "example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": SCHEMA},
+            }
+        ],
+    },
 }
 
 
@@ -202,8 +253,12 @@ def store() -> Store:
 
 
 def widget(name: str = "w", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name},
-            "spec": {"group": "g", **spec}}
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"group": "g", **spec},
+    }
 
 
 def test_crd_becomes_a_served_type(store: Store) -> None:
@@ -240,8 +295,9 @@ def test_main_resource_ignores_status_and_status_ignores_spec(store: Store) -> N
     store.create(rt, "default", widget())
     after = store.patch(rt, "default", "w", PatchType.MERGE, {"status": {"phase": "Ready"}})
     assert "status" not in after
-    after = store.patch(rt, "default", "w", PatchType.MERGE, {"spec": {"priority": 9}, "status": {"phase": "A"}},
-                        subresource="status")
+    after = store.patch(
+        rt, "default", "w", PatchType.MERGE, {"spec": {"priority": 9}, "status": {"phase": "A"}}, subresource="status"
+    )
     assert after["spec"]["priority"] == 0 and after["status"] == {"phase": "A"}
 
 
@@ -266,7 +322,7 @@ def test_stale_resource_version_conflicts(store: Store) -> None:
 
 def test_strict_field_validation_refuses_unknown_fields(store: Store) -> None:
     rt = store.type("example.com", "v1", "widgets")
-    with pytest.raises(ApiError, match='unknown field "spec.bogus"'):
+    with pytest.raises(ApiError, match=r'unknown field "spec\.bogus"'):
         store.create(rt, "default", widget(bogus=1), validation=FieldValidation.STRICT)
     warnings: list[str] = []
     created = store.create(rt, "default", widget(bogus=1), warnings=warnings)
@@ -290,8 +346,12 @@ def test_owner_deletion_collects_dependents_whose_owners_are_all_gone(store: Sto
     b = store.create(rt, "default", widget("b"))
 
     def ref(owner: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "example.com/v1", "kind": "Widget", "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"]}
+        return {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+        }
 
     store.create(cms, "default", {"metadata": {"name": "only-a", "ownerReferences": [ref(a)]}})
     store.create(cms, "default", {"metadata": {"name": "a-and-b", "ownerReferences": [ref(a), ref(b)]}})
@@ -307,6 +367,11 @@ def test_watch_from_too_old_resource_version_is_410(store: Store) -> None:
     for i in range(1, 8):  # history_limit=5: the first events fall out
         store.create(rt, "default", widget(f"w{i}"))
     with pytest.raises(ApiError) as caught:
-        store.watch(rt, "default", parse_label_selector(""), parse_field_selector("", frozenset(), "widgets"),
-                    first["metadata"]["resourceVersion"])
+        store.watch(
+            rt,
+            "default",
+            parse_label_selector(""),
+            parse_field_selector("", frozenset(), "widgets"),
+            first["metadata"]["resourceVersion"],
+        )
     assert caught.value.code == 410 and caught.value.reason == Reason.GONE

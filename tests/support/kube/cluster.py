@@ -52,8 +52,9 @@ def rendered_crds(chart: str = str(CRD_CHART), values_json: str = "{}") -> tuple
     import helm_python as helm
 
     with helm.Chart.load(chart) as loaded:
-        rendered = loaded.render(json.loads(values_json) or None, name="flexinfer", namespace="flexinfer-system",
-                                 is_install=True)
+        rendered = loaded.render(
+            json.loads(values_json) or None, name="flexinfer", namespace="flexinfer-system", is_install=True
+        )
     documents = []
     for source, text in sorted(rendered.items()):
         if source.endswith("NOTES.txt"):
@@ -74,8 +75,7 @@ class KubectlResult:
     def check(self) -> KubectlResult:
         """Raise with kubectl's own words unless it exited 0."""
         if self.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(self.args)} exited {self.returncode}:\n{self.stderr}"
-                                 f"{self.stdout}")
+            raise AssertionError(f"kubectl {' '.join(self.args)} exited {self.returncode}:\n{self.stderr}{self.stdout}")
         return self
 
 
@@ -103,6 +103,7 @@ class KubeCluster:
             config.log_dir = workdir / "containers"
             config.log_dir.mkdir(parents=True, exist_ok=True)
         self.kubelet = FakeKubelet(self.store, config)
+        self.emulator.log_source = self._log_source
         self.namespace = namespace
         self._install_crds = install_crds
         self.kubeconfig = workdir / "kubeconfig.yaml"
@@ -111,15 +112,23 @@ class KubeCluster:
 
     async def start(self) -> None:
         await self.emulator.start()
-        self.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
-                                                          "namespace": self.namespace}}],
-            "current-context": "emulator",
-        }))
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
+                    "contexts": [
+                        {
+                            "name": "emulator",
+                            "context": {"cluster": "emulator", "user": "tester", "namespace": self.namespace},
+                        }
+                    ],
+                    "current-context": "emulator",
+                }
+            )
+        )
         await self.kubelet.start()
         if self.namespace not in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.store.create(self.store.type("", "v1", "namespaces"), None, {"metadata": {"name": self.namespace}})
@@ -145,32 +154,43 @@ class KubeCluster:
         return client.ApiClient(configuration)
 
     def kubectl_env(self) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.workdir / "kube-cache"),
-                "KUBECTL_INTERACTIVE_DELETE": "false"}
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECACHEDIR": str(self.workdir / "kube-cache"),
+            "KUBECTL_INTERACTIVE_DELETE": "false",
+        }
 
-    async def kubectl(self, *args: str, input: str | None = None, timeout: float = 60.0) -> KubectlResult:
+    async def kubectl(self, *args: str, input: str | None = None, within: float = 60.0) -> KubectlResult:
         """Run the kubectl binary against this cluster; never raises on a non-zero exit (see `.check()`)."""
         proc = await asyncio.create_subprocess_exec(
-            kubectl_binary(), *args, env=self.kubectl_env(), cwd=str(ROOT),
+            kubectl_binary(),
+            *args,
+            env=self.kubectl_env(),
+            cwd=str(ROOT),
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input.encode() if input is not None else None),
-                                              timeout=timeout)
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), timeout=within
+            )
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise AssertionError(f"kubectl {' '.join(args)} did not finish within {timeout} s") from None
+            raise AssertionError(f"kubectl {' '.join(args)} did not finish within {within} s") from None
         return KubectlResult(tuple(args), proc.returncode or 0, out.decode(), err.decode())
 
-    async def request(self, method: str, path: str, body: Any = None, *,
-                      content_type: str = "application/json") -> tuple[int, Any]:
+    async def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
         """One raw HTTP call to the emulator (status, decoded JSON body)."""
         data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
-        async with aiohttp.ClientSession() as session, session.request(
-            method, f"{self.url}{path}", data=data, headers={"Content-Type": content_type}
-        ) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, f"{self.url}{path}", data=data, headers={"Content-Type": content_type}) as response,
+        ):
             text = await response.text()
             return response.status, json.loads(text) if text else None
 
@@ -233,8 +253,7 @@ class KubeCluster:
     def pods(self, labels: str | None = None, namespace: str | None = None) -> list[Obj]:
         return self.list("pods", namespace, labels)
 
-    async def wait_for(self, predicate: Callable[[], Any], *, timeout: float = 15.0,
-                       message: str = "condition") -> Any:
+    async def wait_for(self, predicate: Callable[[], Any], *, within: float = 15.0, message: str = "condition") -> Any:
         """Wait until `predicate()` returns something truthy (re-checked after every write), and return it."""
         changed = asyncio.Event()
 
@@ -243,7 +262,7 @@ class KubeCluster:
 
         self.store.listeners.append(listener)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 while True:
                     result = predicate()
                     if result:
@@ -253,13 +272,20 @@ class KubeCluster:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), timeout=0.25)
         except TimeoutError:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}") from None
+            raise AssertionError(f"timed out after {within} s waiting for {message}") from None
         finally:
             self.store.listeners.remove(listener)
 
     def ready_pods(self, labels: str | None = None, namespace: str | None = None) -> list[Obj]:
-        return [p for p in self.pods(labels, namespace) if not p["metadata"].get("deletionTimestamp") and any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in p.get("status", {}).get("conditions", []))]
+        return [
+            p
+            for p in self.pods(labels, namespace)
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        ]
 
     @staticmethod
     def pod_endpoint(pod: Obj, port: int | str | None = None) -> str:
@@ -268,6 +294,12 @@ class KubeCluster:
         if port is None:
             port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
         return f"http://{ip}:{port}"
+
+    def _log_source(self, namespace: str, pod: str, container: str | None) -> str:
+        try:
+            return self.kubelet.container_log(namespace, pod, container)
+        except KeyError:
+            return ""
 
     def container_log(self, pod: str, container: str | None = None, namespace: str | None = None) -> str:
         return self.kubelet.container_log(namespace or self.namespace, pod, container)

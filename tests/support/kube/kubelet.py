@@ -42,7 +42,6 @@ import aiohttp
 from flexinfer_common.embedded import _make_preexec
 from tests.support.kube.errors import ApiError
 from tests.support.kube.resources import ResourceType
-from tests.support.kube.selectors import selector_from_label_selector
 from tests.support.kube.store import Obj, Store, StoredEvent, format_time, parse_time
 
 log = logging.getLogger("flexinfer.tests.kube.kubelet")
@@ -72,8 +71,12 @@ class NodeConfig:
     capacity: dict[str, int] = field(default_factory=lambda: {"nvidia.com/gpu": 1, "amd.com/gpu": 0})
 
     def all_labels(self) -> dict[str, str]:
-        return {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                **self.labels}
+        return {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **self.labels,
+        }
 
 
 @dataclass
@@ -119,13 +122,17 @@ def _gpu_requests(pod: Obj) -> dict[str, int]:
     return wanted
 
 
-def _condition(conditions: list[Obj], type_: str, status: str, now: str, reason: str = "",
-               message: str = "") -> list[Obj]:
+def _condition(
+    conditions: list[Obj], type_: str, status: str, now: str, reason: str = "", message: str = ""
+) -> list[Obj]:
     """Set one condition, keeping lastTransitionTime when its status does not change."""
     result = [c for c in conditions if c.get("type") != type_]
     old = next((c for c in conditions if c.get("type") == type_), None)
-    entry: Obj = {"type": type_, "status": status,
-                  "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now}
+    entry: Obj = {
+        "type": type_,
+        "status": status,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
+    }
     if old and "lastProbeTime" in old:
         entry["lastProbeTime"] = None
     if reason:
@@ -219,8 +226,7 @@ class FakeKubelet:
             self._tmp.cleanup()
 
     def _node_object(self) -> Obj:
-        capacity = {"cpu": "8", "memory": "32Gi", "pods": "110",
-                    **{k: str(v) for k, v in self.node.capacity.items()}}
+        capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", **{k: str(v) for k, v in self.node.capacity.items()}}
         now = format_time(self.store.now())
         return {
             "metadata": {"name": self.node.name, "labels": self.node.all_labels()},
@@ -228,11 +234,20 @@ class FakeKubelet:
             "status": {
                 "capacity": capacity,
                 "allocatable": capacity,
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                              {"type": "Hostname", "address": self.node.name}],
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
-                                "lastTransitionTime": now}],
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.node.name},
+                ],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
                 "nodeInfo": {"kubeletVersion": "v1.37.0-fake", "operatingSystem": "linux", "architecture": "amd64"},
             },
         }
@@ -281,41 +296,71 @@ class FakeKubelet:
         now = format_time(self.store.now())
         for existing in self.store.iter(events, namespace):
             involved = existing.get("involvedObject") or {}
-            if involved.get("uid") == meta.get("uid") and existing.get("reason") == reason and \
-                    existing.get("message") == message:
+            if (
+                involved.get("uid") == meta.get("uid")
+                and existing.get("reason") == reason
+                and existing.get("message") == message
+            ):
                 updated = copy.deepcopy(existing)
                 updated["count"] = int(existing.get("count") or 1) + 1
                 updated["lastTimestamp"] = now
                 self.store.update(events, namespace, existing["metadata"]["name"], updated)
                 return
-        self.store.create(events, namespace, {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {"kind": obj.get("kind"), "apiVersion": obj.get("apiVersion"), "name": meta["name"],
-                               "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                               "resourceVersion": meta.get("resourceVersion")},
-            "type": type_, "reason": reason, "message": message, "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now,
-            "source": {"component": component, **({"host": self.node.name} if component == "kubelet" else {})},
-            "reportingComponent": component, "reportingInstance": self.node.name if component == "kubelet" else "",
-        })
+        self.store.create(
+            events,
+            namespace,
+            {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+                "involvedObject": {
+                    "kind": obj.get("kind"),
+                    "apiVersion": obj.get("apiVersion"),
+                    "name": meta["name"],
+                    "namespace": meta.get("namespace"),
+                    "uid": meta.get("uid"),
+                    "resourceVersion": meta.get("resourceVersion"),
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "source": {"component": component, **({"host": self.node.name} if component == "kubelet" else {})},
+                "reportingComponent": component,
+                "reportingInstance": self.node.name if component == "kubelet" else "",
+            },
+        )
 
     # --------------------------------------------------------------------------------------- deployments
 
     def _owned_pods(self, owner: Obj) -> list[Obj]:
         uid = owner["metadata"]["uid"]
-        return [p for p in self.store.iter(("", "pods"), owner["metadata"]["namespace"])
-                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
+        return [
+            p
+            for p in self.store.iter(("", "pods"), owner["metadata"]["namespace"])
+            if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+        ]
 
     def _new_pod(self, owner: Obj, template: Obj, labels: dict[str, str], name_prefix: str) -> None:
         pod_meta = copy.deepcopy(template.get("metadata") or {})
         pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
         pod_meta["generateName"] = name_prefix
         pod_meta["namespace"] = owner["metadata"]["namespace"]
-        pod_meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
-                                        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
-                                        "controller": True, "blockOwnerDeletion": True}]
-        self.store.create(self._t("", "v1", "pods"), owner["metadata"]["namespace"],
-                          {"metadata": pod_meta, "spec": copy.deepcopy(template.get("spec") or {})})
+        pod_meta["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        self.store.create(
+            self._t("", "v1", "pods"),
+            owner["metadata"]["namespace"],
+            {"metadata": pod_meta, "spec": copy.deepcopy(template.get("spec") or {})},
+        )
 
     def _delete_pod(self, pod: Obj) -> None:
         with contextlib.suppress(ApiError):
@@ -323,8 +368,10 @@ class FakeKubelet:
 
     @staticmethod
     def _pod_ready(pod: Obj) -> bool:
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in (pod.get("status") or {}).get("conditions") or [])
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
 
     def _sync_deployment(self, deployment: Obj) -> None:
         meta, spec = deployment["metadata"], deployment.get("spec") or {}
@@ -351,8 +398,7 @@ class FakeKubelet:
             else:
                 rolling = strategy.get("rollingUpdate") or {}
                 surge = _resolve_int_or_percent(rolling.get("maxSurge", "25%"), desired, round_up=True)
-                unavailable = _resolve_int_or_percent(rolling.get("maxUnavailable", "25%"), desired,
-                                                      round_up=False)
+                unavailable = _resolve_int_or_percent(rolling.get("maxUnavailable", "25%"), desired, round_up=False)
                 if surge == 0 and unavailable == 0:
                     surge = 1
                 if not old:
@@ -371,20 +417,28 @@ class FakeKubelet:
                         self._delete_pod(pod)
         self._deployment_status(deployment, current_hash, desired)
 
-    def _scale_pods(self, owner: Obj, pods: list[Obj], desired: int, template: Obj, labels: dict[str, str],
-                    prefix: str) -> None:
+    def _scale_pods(
+        self, owner: Obj, pods: list[Obj], desired: int, template: Obj, labels: dict[str, str], prefix: str
+    ) -> None:
         for _ in range(desired - len(pods)):
             self._new_pod(owner, template, labels, prefix)
         if len(pods) > desired:
             # The real ReplicaSet controller deletes unscheduled, then not-ready, then the newest pods first.
-            ranked = sorted(pods, key=lambda p: (bool((p.get("spec") or {}).get("nodeName")), self._pod_ready(p),
-                                                 -parse_time(p["metadata"]["creationTimestamp"]).timestamp()))
+            ranked = sorted(
+                pods,
+                key=lambda p: (
+                    bool((p.get("spec") or {}).get("nodeName")),
+                    self._pod_ready(p),
+                    -parse_time(p["metadata"]["creationTimestamp"]).timestamp(),
+                ),
+            )
             for pod in ranked[: len(pods) - desired]:
                 self._delete_pod(pod)
 
     def _deployment_status(self, deployment: Obj, current_hash: str, desired: int) -> None:
-        current = self.store.find(self._t("apps", "v1", "deployments"), deployment["metadata"]["namespace"],
-                                  deployment["metadata"]["name"])
+        current = self.store.find(
+            self._t("apps", "v1", "deployments"), deployment["metadata"]["namespace"], deployment["metadata"]["name"]
+        )
         if current is None:
             return
         pods = self._owned_pods(current)
@@ -395,22 +449,34 @@ class FakeKubelet:
         now = format_time(self.store.now())
         spec = current.get("spec") or {}
         rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
-        max_unavailable = 0 if (spec.get("strategy") or {}).get("type") == "Recreate" else \
-            _resolve_int_or_percent(rolling.get("maxUnavailable", "25%"), desired, round_up=False)
+        max_unavailable = (
+            0
+            if (spec.get("strategy") or {}).get("type") == "Recreate"
+            else _resolve_int_or_percent(rolling.get("maxUnavailable", "25%"), desired, round_up=False)
+        )
         available_ok = ready >= desired - max_unavailable
         complete = updated == desired and len(active) == desired and ready == desired and terminating == 0
         old_status = current.get("status") or {}
         conditions = old_status.get("conditions") or []
         conditions = _deployment_condition(
-            conditions, "Available", "True" if available_ok else "False",
+            conditions,
+            "Available",
+            "True" if available_ok else "False",
             "MinimumReplicasAvailable" if available_ok else "MinimumReplicasUnavailable",
-            "Deployment has minimum availability." if available_ok else
-            "Deployment does not have minimum availability.", now)
+            "Deployment has minimum availability."
+            if available_ok
+            else "Deployment does not have minimum availability.",
+            now,
+        )
         conditions = _deployment_condition(
-            conditions, "Progressing", "True",
+            conditions,
+            "Progressing",
+            "True",
             "NewReplicaSetAvailable" if complete else "ReplicaSetUpdated",
             f'ReplicaSet "{current["metadata"]["name"]}-{current_hash}" '
-            + ("has successfully progressed." if complete else "is progressing."), now)
+            + ("has successfully progressed." if complete else "is progressing."),
+            now,
+        )
         status: Obj = {"observedGeneration": current["metadata"].get("generation", 1)}
         if active:
             status["replicas"] = len(active)
@@ -428,8 +494,13 @@ class FakeKubelet:
             body = copy.deepcopy(current)
             body["status"] = status
             body["metadata"].pop("resourceVersion", None)
-            self.store.update(self._t("apps", "v1", "deployments"), current["metadata"]["namespace"],
-                              current["metadata"]["name"], body, subresource="status")
+            self.store.update(
+                self._t("apps", "v1", "deployments"),
+                current["metadata"]["namespace"],
+                current["metadata"]["name"],
+                body,
+                subresource="status",
+            )
 
     # --------------------------------------------------------------------------------------- jobs
 
@@ -438,45 +509,80 @@ class FakeKubelet:
         if meta.get("deletionTimestamp"):
             return
         status = copy.deepcopy(job.get("status") or {})
-        done = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                   for c in status.get("conditions") or [])
+        done = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
         pods = self._owned_pods(job)
         succeeded = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
         failed = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed")
-        active = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                  and not p["metadata"].get("deletionTimestamp")]
+        active = [
+            p
+            for p in pods
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
         now = format_time(self.store.now())
         completions = int(spec.get("completions") or 1)
         backoff_limit = int(spec.get("backoffLimit", 6))
         if not done and not bool(spec.get("suspend")):
             if succeeded >= completions:
                 status["conditions"] = [
-                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
-                     "message": "Reached expected number of succeeded pods", "lastProbeTime": now,
-                     "lastTransitionTime": now},
-                    {"type": "Complete", "status": "True", "reason": "CompletionsReached",
-                     "message": "Reached expected number of succeeded pods", "lastProbeTime": now,
-                     "lastTransitionTime": now}]
+                    {
+                        "type": "SuccessCriteriaMet",
+                        "status": "True",
+                        "reason": "CompletionsReached",
+                        "message": "Reached expected number of succeeded pods",
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    },
+                    {
+                        "type": "Complete",
+                        "status": "True",
+                        "reason": "CompletionsReached",
+                        "message": "Reached expected number of succeeded pods",
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    },
+                ]
                 status["completionTime"] = now
             elif failed > backoff_limit:
                 status["conditions"] = [
-                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
-                     "message": "Job has reached the specified backoff limit", "lastProbeTime": now,
-                     "lastTransitionTime": now},
-                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                     "message": "Job has reached the specified backoff limit", "lastProbeTime": now,
-                     "lastTransitionTime": now}]
+                    {
+                        "type": "FailureTarget",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    },
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                        "lastProbeTime": now,
+                        "lastTransitionTime": now,
+                    },
+                ]
                 for pod in active:
                     self._delete_pod(pod)
             elif not active:
                 template = spec.get("template") or {}
-                labels = {"batch.kubernetes.io/job-name": meta["name"], "job-name": meta["name"],
-                          "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
+                labels = {
+                    "batch.kubernetes.io/job-name": meta["name"],
+                    "job-name": meta["name"],
+                    "batch.kubernetes.io/controller-uid": meta["uid"],
+                    "controller-uid": meta["uid"],
+                }
                 self._new_pod(job, template, labels, f"{meta['name']}-")
                 active = [None]  # type: ignore[list-item]
         status.setdefault("startTime", now)
-        status["active"] = len(active) if not any(
-            c.get("type") in ("Complete", "Failed") for c in status.get("conditions") or []) else 0
+        status["active"] = (
+            len(active)
+            if not any(c.get("type") in ("Complete", "Failed") for c in status.get("conditions") or [])
+            else 0
+        )
         if succeeded:
             status["succeeded"] = succeeded
         if failed:
@@ -487,8 +593,9 @@ class FakeKubelet:
             body = copy.deepcopy(job)
             body["status"] = status
             body["metadata"].pop("resourceVersion", None)
-            self.store.update(self._t("batch", "v1", "jobs"), meta["namespace"], meta["name"], body,
-                              subresource="status")
+            self.store.update(
+                self._t("batch", "v1", "jobs"), meta["namespace"], meta["name"], body, subresource="status"
+            )
 
     # --------------------------------------------------------------------------------------- scheduler
 
@@ -497,12 +604,16 @@ class FakeKubelet:
         all_pods = list(self.store.iter(pods))
         used: dict[str, int] = {}
         for pod in all_pods:
-            if (pod.get("spec") or {}).get("nodeName") == self.node.name and \
-                    (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if (pod.get("spec") or {}).get("nodeName") == self.node.name and (pod.get("status") or {}).get(
+                "phase"
+            ) not in ("Succeeded", "Failed"):
                 for name, amount in _gpu_requests(pod).items():
                     used[name] = used.get(name, 0) + amount
-        pending = [p for p in all_pods if not (p.get("spec") or {}).get("nodeName")
-                   and not p["metadata"].get("deletionTimestamp")]
+        pending = [
+            p
+            for p in all_pods
+            if not (p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
+        ]
         pending.sort(key=lambda p: (p["metadata"]["creationTimestamp"], int(p["metadata"]["resourceVersion"])))
         labels = self.node.all_labels()
         for pod in pending:
@@ -518,12 +629,24 @@ class FakeKubelet:
             uid = pod["metadata"]["uid"]
             if reasons:
                 helpful = any("Insufficient" in r for r in reasons)
-                message = (f"0/1 nodes are available: {', '.join(reasons)}. preemption: 0/1 nodes are available: "
-                           + ("1 No preemption victims found for incoming pod." if helpful else
-                              "1 Preemption is not helpful for scheduling."))
-                self._set_pod_status(pod, lambda s, m=message: s.update(conditions=_condition(
-                    s.get("conditions") or [], "PodScheduled", "False", format_time(self.store.now()),
-                    "Unschedulable", m)))
+                message = f"0/1 nodes are available: {', '.join(reasons)}. preemption: 0/1 nodes are available: " + (
+                    "1 No preemption victims found for incoming pod."
+                    if helpful
+                    else "1 Preemption is not helpful for scheduling."
+                )
+                self._set_pod_status(
+                    pod,
+                    lambda s, m=message: s.update(
+                        conditions=_condition(
+                            s.get("conditions") or [],
+                            "PodScheduled",
+                            "False",
+                            format_time(self.store.now()),
+                            "Unschedulable",
+                            m,
+                        )
+                    ),
+                )
                 if self._scheduling_messages.get(uid) != message:
                     self._scheduling_messages[uid] = message
                     self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
@@ -533,12 +656,17 @@ class FakeKubelet:
             self._scheduling_messages.pop(uid, None)
             bound = copy.deepcopy(pod)
             bound["spec"]["nodeName"] = self.node.name
-            bound["status"]["conditions"] = _condition(bound["status"].get("conditions") or [], "PodScheduled",
-                                                       "True", format_time(self.store.now()))
+            bound["status"]["conditions"] = _condition(
+                bound["status"].get("conditions") or [], "PodScheduled", "True", format_time(self.store.now())
+            )
             self.store.bind(pods, bound)
-            self.record_event(pod, "Normal", "Scheduled",
-                              f"Successfully assigned {pod['metadata']['namespace']}/{pod['metadata']['name']} "
-                              f"to {self.node.name}", "default-scheduler")
+            self.record_event(
+                pod,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {pod['metadata']['namespace']}/{pod['metadata']['name']} to {self.node.name}",
+                "default-scheduler",
+            )
 
     def _set_pod_status(self, pod: Obj, mutate: Callable[[Obj], Any]) -> None:
         pods = self._t("", "v1", "pods")
@@ -550,8 +678,9 @@ class FakeKubelet:
         mutate(body["status"])
         if body["status"] != (current.get("status") or {}):
             body["metadata"].pop("resourceVersion", None)
-            self.store.update(pods, current["metadata"]["namespace"], current["metadata"]["name"], body,
-                              subresource="status")
+            self.store.update(
+                pods, current["metadata"]["namespace"], current["metadata"]["name"], body, subresource="status"
+            )
 
     # --------------------------------------------------------------------------------------- kubelet
 
@@ -564,8 +693,9 @@ class FakeKubelet:
             live.add(uid)
             if uid not in self._workers and not self._closing:
                 self._wakeups[uid] = asyncio.Event()
-                self._workers[uid] = asyncio.create_task(self._pod_worker(copy.deepcopy(pod)),
-                                                         name=f"pod-{pod['metadata']['name']}")
+                self._workers[uid] = asyncio.create_task(
+                    self._pod_worker(copy.deepcopy(pod)), name=f"pod-{pod['metadata']['name']}"
+                )
         for uid, wake in list(self._wakeups.items()):
             if uid not in live:
                 wake.set()  # the pod object is gone: its worker kills what is left
@@ -636,9 +766,14 @@ class FakeKubelet:
             now = loop.time()
             phase = "Pending"
             if not init_done:
-                run = next(r for r in runs if r.init and not r.state.get("terminated", {}).get("exitCode") == 0)
-                await self._step_container(current, run, ip, next_try, restart_policy="OnFailure"
-                                           if restart_policy == "Always" else restart_policy)
+                run = next(r for r in runs if r.init and r.state.get("terminated", {}).get("exitCode") != 0)
+                await self._step_container(
+                    current,
+                    run,
+                    ip,
+                    next_try,
+                    restart_policy="OnFailure" if restart_policy == "Always" else restart_policy,
+                )
                 init_done = all(r.state.get("terminated", {}).get("exitCode") == 0 for r in runs if r.init)
             else:
                 for run in (r for r in runs if not r.init):
@@ -650,8 +785,9 @@ class FakeKubelet:
                 main = [r for r in runs if not r.init]
                 finished = [r for r in main if r.state.get("terminated")]
                 if restart_policy != "Always" and len(finished) == len(main):
-                    phase = "Succeeded" if all(r.state["terminated"].get("exitCode") == 0 for r in finished) \
-                        else "Failed"
+                    phase = (
+                        "Succeeded" if all(r.state["terminated"].get("exitCode") == 0 for r in finished) else "Failed"
+                    )
                 elif any(r.state.get("running") for r in main) or (finished and restart_policy == "Always"):
                     phase = "Running"
             self._publish(current, runs, ip, phase=phase)
@@ -695,10 +831,15 @@ class FakeKubelet:
     def _value_from(self, pod: Obj, source: Obj, ip: str) -> str | None:
         if "fieldRef" in source:
             path = source["fieldRef"].get("fieldPath", "")
-            values = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
-                      "metadata.uid": pod["metadata"]["uid"], "status.podIP": ip, "status.hostIP": "127.0.0.1",
-                      "spec.nodeName": self.node.name,
-                      "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", "default")}
+            values = {
+                "metadata.name": pod["metadata"]["name"],
+                "metadata.namespace": pod["metadata"]["namespace"],
+                "metadata.uid": pod["metadata"]["uid"],
+                "status.podIP": ip,
+                "status.hostIP": "127.0.0.1",
+                "spec.nodeName": self.node.name,
+                "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", "default"),
+            }
             return values.get(path)
         for key, plural in (("configMapKeyRef", "configmaps"), ("secretKeyRef", "secrets")):
             if key in source:
@@ -714,8 +855,9 @@ class FakeKubelet:
                     return value
         return None
 
-    async def _step_container(self, pod: Obj, run: ContainerRun, ip: str, next_try: dict[str, float],
-                              *, restart_policy: str) -> None:
+    async def _step_container(
+        self, pod: Obj, run: ContainerRun, ip: str, next_try: dict[str, float], *, restart_policy: str
+    ) -> None:
         """Advance one container: pull, start, notice an exit, wait out a back-off, restart."""
         loop = asyncio.get_running_loop()
         image = str(run.spec.get("image", ""))
@@ -724,39 +866,52 @@ class FakeKubelet:
                 return
             pulling_failed = run.state.get("waiting", {}).get("reason") == "ErrImagePull"
             if pulling_failed:
-                run.state = {"waiting": {"reason": "ImagePullBackOff",
-                                         "message": f'Back-off pulling image "{image}"'}}
+                run.state = {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}}
                 self.record_event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"', "kubelet")
             else:
-                message = (f'failed to pull and unpack image "{image}": failed to resolve reference "{image}": '
-                           f"{image}: not found")
+                message = (
+                    f'failed to pull and unpack image "{image}": failed to resolve reference "{image}": '
+                    f"{image}: not found"
+                )
                 run.state = {"waiting": {"reason": "ErrImagePull", "message": message}}
-                self.record_event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {message}',
-                                  "kubelet")
+                self.record_event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {message}', "kubelet")
             next_try[run.name] = loop.time() + self.config.backoff
             return
         if run.state.get("running"):
             if run.process is not None and run.process.returncode is not None:
                 await self._collect_exit(pod, run)
-                if restart_policy == "Never" or (restart_policy == "OnFailure" and
-                                                 run.state["terminated"]["exitCode"] == 0):
+                if restart_policy == "Never" or (
+                    restart_policy == "OnFailure" and run.state["terminated"]["exitCode"] == 0
+                ):
                     return
-                delay = min(self.config.max_backoff, self.config.backoff * (2 ** run.restarts))
+                delay = min(self.config.max_backoff, self.config.backoff * (2**run.restarts))
                 next_try[run.name] = loop.time() + delay
-                self.record_event(pod, "Warning", "BackOff", f"Back-off restarting failed container {run.name} in "
-                                                             f"pod {pod['metadata']['name']}", "kubelet")
+                self.record_event(
+                    pod,
+                    "Warning",
+                    "BackOff",
+                    f"Back-off restarting failed container {run.name} in pod {pod['metadata']['name']}",
+                    "kubelet",
+                )
             return
-        if run.state.get("terminated") and restart_policy != "Always" and (
-                restart_policy == "Never" or run.state["terminated"]["exitCode"] == 0):
+        if (
+            run.state.get("terminated")
+            and restart_policy != "Always"
+            and (restart_policy == "Never" or run.state["terminated"]["exitCode"] == 0)
+        ):
             return
         if run.state.get("terminated"):
             # Between an exit and the next start: CrashLoopBackOff, with the last run in lastState.
             run.last_state = {"terminated": run.state["terminated"]}
-            delay = min(self.config.max_backoff, self.config.backoff * (2 ** run.restarts))
-            run.state = {"waiting": {"reason": "CrashLoopBackOff",
-                                     "message": f"back-off {_seconds(delay)} restarting failed container="
-                                                f"{run.name} pod={pod['metadata']['name']}_"
-                                                f"{pod['metadata']['namespace']}({pod['metadata']['uid']})"}}
+            delay = min(self.config.max_backoff, self.config.backoff * (2**run.restarts))
+            run.state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {_seconds(delay)} restarting failed container="
+                    f"{run.name} pod={pod['metadata']['name']}_"
+                    f"{pod['metadata']['namespace']}({pod['metadata']['uid']})",
+                }
+            }
         if loop.time() < next_try.get(run.name, 0):
             return
         if run.state.get("waiting", {}).get("reason") == "CrashLoopBackOff":
@@ -768,7 +923,9 @@ class FakeKubelet:
         argv = [_expand(a, env) for a in (run.spec.get("command") or []) + (run.spec.get("args") or [])]
         executable = self._executable(argv)
         run.started_at = format_time(self.store.now())
-        run.image_id = f"{run.spec.get('image', '')}@sha256:{hashlib.sha256(str(run.spec.get('image')).encode()).hexdigest()}"
+        run.image_id = (
+            f"{run.spec.get('image', '')}@sha256:{hashlib.sha256(str(run.spec.get('image')).encode()).hexdigest()}"
+        )
         run.ready = False
         run.probe_failures = 0
         if executable is None:
@@ -776,8 +933,14 @@ class FakeKubelet:
             run.process = None
             run.state = {"running": {"startedAt": run.started_at}}
             if run.init:
-                run.state = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": run.started_at,
-                                            "finishedAt": run.started_at}}
+                run.state = {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": run.started_at,
+                        "finishedAt": run.started_at,
+                    }
+                }
             return
         assert self._log_dir is not None
         run.log_path = self._log_dir / f"{pod['metadata']['uid']}-{run.name}-{run.restarts}.log"
@@ -786,8 +949,13 @@ class FakeKubelet:
         log_file = run.log_path.open("wb")
         try:
             run.process = await asyncio.create_subprocess_exec(
-                executable, *argv[1:], env={**base_env, **env}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                executable,
+                *argv[1:],
+                env={**base_env, **env},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_make_preexec(signal.SIGKILL),
                 cwd=run.spec.get("workingDir") or None,
             )
@@ -801,10 +969,13 @@ class FakeKubelet:
         assert run.process is not None
         code = run.process.returncode or 0
         _LIVE_PROCESSES.discard(run.process)
-        terminated: Obj = {"exitCode": code if code >= 0 else 128 - code,
-                           "reason": "Completed" if code == 0 else "Error",
-                           "startedAt": run.started_at, "finishedAt": format_time(self.store.now()),
-                           "containerID": f"fake://{run.process.pid}"}
+        terminated: Obj = {
+            "exitCode": code if code >= 0 else 128 - code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started_at,
+            "finishedAt": format_time(self.store.now()),
+            "containerID": f"fake://{run.process.pid}",
+        }
         if code < 0:
             terminated["signal"] = -code
         if code != 0 and run.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
@@ -858,8 +1029,9 @@ class FakeKubelet:
             assert self._session is not None
             try:
                 timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))
-                async with self._session.get(f"{get.get('scheme', 'HTTP').lower()}://{host}:{port}{path}",
-                                             timeout=timeout, allow_redirects=False) as response:
+                async with self._session.get(
+                    f"{get.get('scheme', 'HTTP').lower()}://{host}:{port}{path}", timeout=timeout, allow_redirects=False
+                ) as response:
                     return 200 <= response.status < 400
             except (aiohttp.ClientError, OSError, TimeoutError):
                 return False
@@ -882,9 +1054,16 @@ class FakeKubelet:
         now = format_time(self.store.now())
 
         def status_of(run: ContainerRun) -> Obj:
-            entry: Obj = {"name": run.name, "image": run.spec.get("image", ""), "imageID": run.image_id,
-                          "ready": run.ready, "restartCount": run.restarts, "state": copy.deepcopy(run.state),
-                          "lastState": copy.deepcopy(run.last_state), "started": bool(run.state.get("running"))}
+            entry: Obj = {
+                "name": run.name,
+                "image": run.spec.get("image", ""),
+                "imageID": run.image_id,
+                "ready": run.ready,
+                "restartCount": run.restarts,
+                "state": copy.deepcopy(run.state),
+                "lastState": copy.deepcopy(run.last_state),
+                "started": bool(run.state.get("running")),
+            }
             if run.process is not None:
                 entry["containerID"] = f"fake://{run.process.pid}"
             return entry
@@ -892,19 +1071,36 @@ class FakeKubelet:
         def mutate(status: Obj) -> None:
             conditions = status.get("conditions") or []
             conditions = _condition(conditions, "PodReadyToStartContainers", "True", now)
-            conditions = _condition(conditions, "Initialized", "True" if init_done else "False", now,
-                                    "" if init_done else "ContainersNotInitialized",
-                                    "" if init_done else "containers with incomplete status: "
-                                    f"[{' '.join(r.name for r in runs if r.init)}]")
+            conditions = _condition(
+                conditions,
+                "Initialized",
+                "True" if init_done else "False",
+                now,
+                "" if init_done else "ContainersNotInitialized",
+                "" if init_done else f"containers with incomplete status: [{' '.join(r.name for r in runs if r.init)}]",
+            )
             not_ready = [r.name for r in main if not r.ready]
             why = f"containers with unready status: [{' '.join(not_ready)}]" if not_ready else ""
-            conditions = _condition(conditions, "ContainersReady", "True" if ready else "False", now,
-                                    "" if ready else "ContainersNotReady", why)
-            conditions = _condition(conditions, "Ready", "True" if ready else "False", now,
-                                    "" if ready else "ContainersNotReady", why)
+            conditions = _condition(
+                conditions,
+                "ContainersReady",
+                "True" if ready else "False",
+                now,
+                "" if ready else "ContainersNotReady",
+                why,
+            )
+            conditions = _condition(
+                conditions, "Ready", "True" if ready else "False", now, "" if ready else "ContainersNotReady", why
+            )
             conditions = _condition(conditions, "PodScheduled", "True", now)
-            status.update(phase=phase, conditions=conditions, hostIP="127.0.0.1", hostIPs=[{"ip": "127.0.0.1"}],
-                          podIP=ip, podIPs=[{"ip": ip}])
+            status.update(
+                phase=phase,
+                conditions=conditions,
+                hostIP="127.0.0.1",
+                hostIPs=[{"ip": "127.0.0.1"}],
+                podIP=ip,
+                podIPs=[{"ip": ip}],
+            )
             status.setdefault("startTime", now)
             status["containerStatuses"] = [status_of(r) for r in main]
             if any(r.init for r in runs):
@@ -928,12 +1124,13 @@ class FakeKubelet:
                 entry["ready"] = False
                 entry["started"] = False
                 run = next((r for r in runs if r.name == entry["name"]), None)
-                entry["state"] = copy.deepcopy(run.state) if run and run.state.get("terminated") else {
-                    "terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}}
-            status["conditions"] = _condition(status.get("conditions") or [], "Ready", "False", now,
-                                              "PodCompleted")
-            status["conditions"] = _condition(status["conditions"], "ContainersReady", "False", now,
-                                              "PodCompleted")
+                entry["state"] = (
+                    copy.deepcopy(run.state)
+                    if run and run.state.get("terminated")
+                    else {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}}
+                )
+            status["conditions"] = _condition(status.get("conditions") or [], "Ready", "False", now, "PodCompleted")
+            status["conditions"] = _condition(status["conditions"], "ContainersReady", "False", now, "PodCompleted")
 
         self._set_pod_status(pod, mutate)
         current = self._current(pod["metadata"]["uid"], pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -959,17 +1156,29 @@ class FakeKubelet:
         _LIVE_PROCESSES.discard(proc)
 
 
-def _deployment_condition(conditions: list[Obj], type_: str, status: str, reason: str, message: str,
-                          now: str) -> list[Obj]:
+def _deployment_condition(
+    conditions: list[Obj], type_: str, status: str, reason: str, message: str, now: str
+) -> list[Obj]:
     old = next((c for c in conditions if c.get("type") == type_), None)
     if old and old.get("status") == status and old.get("reason") == reason and old.get("message") == message:
         return conditions
-    entry = {"type": type_, "status": status, "lastUpdateTime": now,
-             "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
-             "reason": reason, "message": message}
+    entry = {
+        "type": type_,
+        "status": status,
+        "lastUpdateTime": now,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
+        "reason": reason,
+        "message": message,
+    }
     result = [c for c in conditions if c.get("type") != type_] + [entry]
-    return sorted(result, key=lambda c: ["Available", "Progressing", "ReplicaFailure"].index(c["type"])
-                  if c["type"] in ("Available", "Progressing", "ReplicaFailure") else 3)
+    return sorted(
+        result,
+        key=lambda c: (
+            ["Available", "Progressing", "ReplicaFailure"].index(c["type"])
+            if c["type"] in ("Available", "Progressing", "ReplicaFailure")
+            else 3
+        ),
+    )
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -980,8 +1189,8 @@ def _expand(text: str, env: dict[str, str]) -> str:
             out.append("$")
             i += 2
         elif text.startswith("$(", i) and (end := text.find(")", i)) != -1:
-            name = text[i + 2:end]
-            out.append(env.get(name, text[i:end + 1]))
+            name = text[i + 2 : end]
+            out.append(env.get(name, text[i : end + 1]))
             i = end + 1
         else:
             out.append(text[i])
@@ -991,4 +1200,3 @@ def _expand(text: str, env: dict[str, str]) -> str:
 
 def _seconds(delay: float) -> str:
     return f"{delay:g}s"
-

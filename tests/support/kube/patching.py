@@ -84,9 +84,7 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any], *, field: str) -> di
             if isinstance(result.get(name), list):
                 result[name] = [v for v in result[name] if v not in value]
             continue
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, dict) and value.get("$patch") == "delete":
+        if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
         else:
             result[key] = _smp_value(result.get(key), value, field=key, parent=field)
@@ -151,8 +149,10 @@ def _parent(doc: Any, parts: list[str], path: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise ApiError(Reason.INVALID, f"the server rejected our request due to an error in our request: "
-                           f"jsonpatch path {path}: missing value")
+            raise ApiError(
+                Reason.INVALID,
+                f"the server rejected our request due to an error in our request: jsonpatch path {path}: missing value",
+            )
     return node
 
 

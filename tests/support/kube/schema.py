@@ -121,33 +121,42 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[tuple[st
         return errors
     if not _type_ok(value, schema):
         kind = type(value).__name__.replace("str", "string").replace("dict", "object").replace("list", "array")
-        errors.append((path, f'Invalid value: "{kind}": {path} in body must be of type {schema.get("type")}: '
-                             f"{_show(value) if not isinstance(value, dict | list) else kind}"))
+        errors.append(
+            (
+                path,
+                f'Invalid value: "{kind}": {path} in body must be of type {schema.get("type")}: '
+                f"{_show(value) if not isinstance(value, dict | list) else kind}",
+            )
+        )
         return errors
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(_show(v) for v in schema["enum"])
         errors.append((path, f"Unsupported value: {_show(value)}: supported values: {supported}"))
     if isinstance(value, int | float) and not isinstance(value, bool):
         if "minimum" in schema and value < schema["minimum"]:
-            errors.append((path, f"Invalid value: {value}: {path} in body should be greater than or equal to "
-                                 f"{schema['minimum']}"))
+            errors.append(
+                (path, f"Invalid value: {value}: {path} in body should be greater than or equal to {schema['minimum']}")
+            )
         if "maximum" in schema and value > schema["maximum"]:
-            errors.append((path, f"Invalid value: {value}: {path} in body should be less than or equal to "
-                                 f"{schema['maximum']}"))
+            errors.append(
+                (path, f"Invalid value: {value}: {path} in body should be less than or equal to {schema['maximum']}")
+            )
         if schema.get("format") == "int32" and not INT32[0] <= value <= INT32[1]:
             errors.append((path, f"Invalid value: {value}: {path} in body must be of type int32"))
     if isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append((path, f'Invalid value: "{value}": {path} in body should be at least '
-                                 f"{schema['minLength']} chars long"))
+            errors.append(
+                (path, f'Invalid value: "{value}": {path} in body should be at least {schema["minLength"]} chars long')
+            )
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append((path, f"Too long: may not be more than {schema['maxLength']} bytes"))
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append((path, f'Invalid value: "{value}": {path} in body should match \'{schema["pattern"]}\''))
+            errors.append((path, f"Invalid value: \"{value}\": {path} in body should match '{schema['pattern']}'"))
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
-            errors.append((path, f"Invalid value: {len(value)}: {path} in body should have at least "
-                                 f"{schema['minItems']} items"))
+            errors.append(
+                (path, f"Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items")
+            )
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append((path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"))
         if isinstance(schema.get("items"), dict):

@@ -162,9 +162,11 @@ def parse_field_selector(text: str | None, allowed: frozenset[str], resource: st
             raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
         field, op, value = m[1].strip(), m[2], m[3].strip()
         if field not in allowed:
+            # The API server's words; `resource` names which fields it does support, for the reader of a test.
             raise ApiError(
                 Reason.BAD_REQUEST,
-                f'field label not supported: {field}' if resource else f"field label not supported: {field}",
+                f"field label not supported: {field}",
+                causes=[{"field": field, "message": f"{resource} supports: {', '.join(sorted(allowed))}"}],
             )
         requirements.append(FieldRequirement(field, value, negate=op == "!="))
     return FieldSelector(tuple(requirements))

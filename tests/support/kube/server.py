@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,17 @@ from tests.support.kube.tables import table_for
 
 log = logging.getLogger("flexinfer.tests.kube")
 
-KUBERNETES_VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0-flexinfer-emulator", "gitCommit": "",
-                      "gitTreeState": "clean", "buildDate": "2026-11-30T00:00:00Z", "goVersion": "go1.25",
-                      "compiler": "gc", "platform": "linux/amd64"}
+KUBERNETES_VERSION = {
+    "major": "1",
+    "minor": "37",
+    "gitVersion": "v1.37.0-flexinfer-emulator",
+    "gitCommit": "",
+    "gitTreeState": "clean",
+    "buildDate": "2026-11-30T00:00:00Z",
+    "goVersion": "go1.25",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 LOGGED = web.RequestKey("flexinfer-emulator-logged", bool)
 
@@ -128,6 +136,8 @@ class Emulator:
         self._site: web.TCPSite | None = None
         self._streams: set[web.StreamResponse] = set()
         self.reachable = True
+        #: Where `pods/log` reads a container's output: (namespace, pod, container or None) -> text.
+        self.log_source: Callable[[str, str, str | None], str] | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -207,8 +217,9 @@ class Emulator:
         api_group: str | None = None,
     ) -> InjectedError:
         """Answer the next `count` matching requests with an error instead of serving them."""
-        rule = InjectedError(count, reason, message, frozenset(verbs), resource, name, namespace, subresource,
-                             api_group)
+        rule = InjectedError(
+            count, reason, message, frozenset(verbs), resource, name, namespace, subresource, api_group
+        )
         self._errors.append(rule)
         return rule
 
@@ -291,20 +302,18 @@ class Emulator:
         elif method == "DELETE":
             verb = "delete" if name else "deletecollection"
         else:
-            raise ApiError(Reason.METHOD_NOT_ALLOWED, f"the server does not allow this method on the requested "
-                                                      f"resource")
+            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested resource")
         target = _Target(verb, rt, namespace, name, sub)
+        if sub == "log" and rt.key == ("", "pods") and verb == "get":
+            return target
         if sub and sub not in rt.subresources:
             raise ApiError(Reason.NOT_FOUND, "the server could not find the requested resource")
         if method == "POST" and name:
-            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested "
-                                                      "resource")
+            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested resource")
         if method in ("PUT", "PATCH") and not name:
-            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested "
-                                                      "resource")
+            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested resource")
         if sub and verb not in ("get", "update", "patch"):
-            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested "
-                                                      "resource")
+            raise ApiError(Reason.METHOD_NOT_ALLOWED, "the server does not allow this method on the requested resource")
         return target
 
     async def _body(self, request: web.Request) -> Any:
@@ -313,10 +322,13 @@ class Emulator:
             return None
         content_type = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if "protobuf" in content_type or "cbor" in content_type:
-            raise ApiError(Reason.UNSUPPORTED_MEDIA_TYPE, f"the body of the request was in an unknown format - "
-                                                          f"accepted media types include: application/json, "
-                                                          f"application/yaml (the emulator does not decode "
-                                                          f"{content_type})")
+            raise ApiError(
+                Reason.UNSUPPORTED_MEDIA_TYPE,
+                f"the body of the request was in an unknown format - "
+                f"accepted media types include: application/json, "
+                f"application/yaml (the emulator does not decode "
+                f"{content_type})",
+            )
         try:
             if content_type == PatchType.APPLY or content_type.endswith("yaml"):
                 return yaml.safe_load(raw)
@@ -324,8 +336,9 @@ class Emulator:
         except (ValueError, yaml.YAMLError) as error:
             raise bad_request(f"the body of the request could not be decoded: {error}") from None
 
-    def _respond(self, request: web.Request, body: Obj, status: int = 200,
-                 warnings: list[str] | None = None) -> web.Response:
+    def _respond(
+        self, request: web.Request, body: Obj, status: int = 200, warnings: list[str] | None = None
+    ) -> web.Response:
         headers = {}
         if warnings:
             headers["Warning"] = ", ".join(f'299 - "{w.replace(chr(34), chr(92) + chr(34))}"' for w in warnings)
@@ -345,17 +358,30 @@ class Emulator:
         if rt.namespaced and ns is None and target.verb not in ("list", "watch"):
             raise ApiError(Reason.NOT_FOUND, "the server could not find the requested resource")
         dry_run = q.get("dryRun") == "All"
-        validation = FieldValidation(q.get("fieldValidation", "Warn")) if q.get("fieldValidation") in (
-            "Ignore", "Warn", "Strict") else FieldValidation.WARN
+        validation = (
+            FieldValidation(q.get("fieldValidation", "Warn"))
+            if q.get("fieldValidation") in ("Ignore", "Warn", "Strict")
+            else FieldValidation.WARN
+        )
         warnings: list[str] = []
         match target.verb:
             case "get":
+                if sub == "log":
+                    return self._pod_log(request, ns or "", name)
                 if sub == "scale":
                     return self._respond(request, store.get_scale(rt, ns, name))
                 obj = store.get(rt, ns, name)
                 if self._wants_table(request):
-                    return self._respond(request, table_for(rt, [obj], store.now(), include=self._include(request),
-                                                            rv=obj["metadata"]["resourceVersion"]))
+                    return self._respond(
+                        request,
+                        table_for(
+                            rt,
+                            [obj],
+                            store.now(),
+                            include=self._include(request),
+                            rv=obj["metadata"]["resourceVersion"],
+                        ),
+                    )
                 return self._respond(request, obj)
             case "list":
                 return self._list(request, rt, ns)
@@ -369,38 +395,70 @@ class Emulator:
                 body = await self._body(request)
                 if sub == "scale":
                     return self._respond(request, store.update_scale(rt, ns, name, body, dry_run=dry_run))
-                updated = store.update(rt, ns, name, body, subresource=sub or None, validation=validation,
-                                       warnings=warnings, dry_run=dry_run)
+                updated = store.update(
+                    rt,
+                    ns,
+                    name,
+                    body,
+                    subresource=sub or None,
+                    validation=validation,
+                    warnings=warnings,
+                    dry_run=dry_run,
+                )
                 return self._respond(request, updated, 200, warnings)
             case "patch":
                 content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
                 try:
                     patch_type = PatchType(content_type)
                 except ValueError:
-                    raise ApiError(Reason.UNSUPPORTED_MEDIA_TYPE, f"the body of the request was in an unknown "
-                                                                  f"format - accepted media types include: "
-                                                                  f"{', '.join(p.value for p in PatchType)}") from None
+                    raise ApiError(
+                        Reason.UNSUPPORTED_MEDIA_TYPE,
+                        f"the body of the request was in an unknown "
+                        f"format - accepted media types include: "
+                        f"{', '.join(p.value for p in PatchType)}",
+                    ) from None
                 body = await self._body(request)
-                patched = store.patch(rt, ns, name, patch_type, body, subresource=sub or None,
-                                      validation=validation, warnings=warnings, field_manager=q.get("fieldManager"),
-                                      dry_run=dry_run)
+                patched = store.patch(
+                    rt,
+                    ns,
+                    name,
+                    patch_type,
+                    body,
+                    subresource=sub or None,
+                    validation=validation,
+                    warnings=warnings,
+                    field_manager=q.get("fieldManager"),
+                    dry_run=dry_run,
+                )
                 return self._respond(request, patched, 200, warnings)
             case "delete":
                 options = await self._body(request) or {}
                 grace = q.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
                 obj, gone_now = store.delete(
-                    rt, ns, name,
+                    rt,
+                    ns,
+                    name,
                     grace_period=int(grace) if grace is not None else None,
                     propagation=q.get("propagationPolicy", options.get("propagationPolicy")),
                     preconditions=options.get("preconditions"),
                     dry_run=dry_run or options.get("dryRun") == ["All"],
                 )
                 if gone_now and rt.builtin and rt.key != ("", "pods"):
-                    return self._respond(request, {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                        "details": {"name": name, "group": rt.group, "kind": rt.plural,
-                                    "uid": obj["metadata"]["uid"]},
-                    })
+                    return self._respond(
+                        request,
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "status": "Success",
+                            "details": {
+                                "name": name,
+                                "group": rt.group,
+                                "kind": rt.plural,
+                                "uid": obj["metadata"]["uid"],
+                            },
+                        },
+                    )
                 return self._respond(request, obj, 200 if gone_now else 202)
             case "deletecollection":
                 labels = parse_label_selector(q.get("labelSelector"))
@@ -412,14 +470,34 @@ class Emulator:
                     meta = obj["metadata"]
                     if store.find(rt, meta.get("namespace"), meta["name"]) is None:
                         continue
-                    view, _ = store.delete(rt, meta.get("namespace"), meta["name"],
-                                           grace_period=int(grace) if grace is not None else None,
-                                           propagation=q.get("propagationPolicy", options.get("propagationPolicy")))
+                    view, _ = store.delete(
+                        rt,
+                        meta.get("namespace"),
+                        meta["name"],
+                        grace_period=int(grace) if grace is not None else None,
+                        propagation=q.get("propagationPolicy", options.get("propagationPolicy")),
+                    )
                     deleted.append(view)
-                return self._respond(request, {"apiVersion": rt.api_version, "kind": rt.list_kind,
-                                               "metadata": {"resourceVersion": str(store.resource_version)},
-                                               "items": deleted})
+                return self._respond(
+                    request,
+                    {
+                        "apiVersion": rt.api_version,
+                        "kind": rt.list_kind,
+                        "metadata": {"resourceVersion": str(store.resource_version)},
+                        "items": deleted,
+                    },
+                )
         raise ApiError(Reason.METHOD_NOT_ALLOWED, "unsupported")
+
+    def _pod_log(self, request: web.Request, namespace: str, name: str) -> web.Response:
+        """`kubectl logs`: the container's output as the fake kubelet captured it (tailLines honoured)."""
+        self.store.get(self.store.type("", "v1", "pods"), namespace, name)
+        text = self.log_source(namespace, name, request.query.get("container")) if self.log_source else ""
+        tail = request.query.get("tailLines")
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(tail) :]) if int(tail) > 0 else ""
+        return web.Response(text=text, content_type="text/plain")
 
     @staticmethod
     def _wants_table(request: web.Request) -> bool:
@@ -443,8 +521,9 @@ class Emulator:
             items = items[:limit]
         listed["items"] = items
         if self._wants_table(request):
-            table = table_for(rt, items, self.store.now(), include=self._include(request),
-                              rv=listed["metadata"]["resourceVersion"])
+            table = table_for(
+                rt, items, self.store.now(), include=self._include(request), rv=listed["metadata"]["resourceVersion"]
+            )
             table["metadata"].update({k: v for k, v in listed["metadata"].items() if k != "resourceVersion"})
             return self._respond(request, table)
         return self._respond(request, listed)
@@ -466,8 +545,7 @@ class Emulator:
         try:
             watcher = self.store.watch(rt, namespace, labels, fields, None if initial else rv)
         except ApiError as error:
-            await response.write(json.dumps({"type": EventType.ERROR.value, "object": error.status()}).encode()
-                                 + b"\n")
+            await response.write(json.dumps({"type": EventType.ERROR.value, "object": error.status()}).encode() + b"\n")
             await response.write_eof()
             return response
         self._streams.add(response)
@@ -508,22 +586,27 @@ class Emulator:
             self._streams.discard(response)
         return response
 
-    async def _bookmark(self, response: web.StreamResponse, rt: ResourceType,
-                        annotations: dict[str, str] | None = None) -> None:
+    async def _bookmark(
+        self, response: web.StreamResponse, rt: ResourceType, annotations: dict[str, str] | None = None
+    ) -> None:
         meta: Obj = {"resourceVersion": str(self.store.resource_version)}
         if annotations:
             meta["annotations"] = annotations
-        event = {"type": EventType.BOOKMARK.value,
-                 "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}}
+        event = {
+            "type": EventType.BOOKMARK.value,
+            "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
+        }
         await response.write(json.dumps(event).encode() + b"\n")
 
-    async def _send(self, response: web.StreamResponse, rt: ResourceType, event: StoredEvent, table: bool,
-                    request: web.Request) -> None:
+    async def _send(
+        self, response: web.StreamResponse, rt: ResourceType, event: StoredEvent, table: bool, request: web.Request
+    ) -> None:
         obj = dict(event.obj)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         if table:
-            obj = table_for(rt, [obj], self.store.now(), include=self._include(request),
-                            rv=obj["metadata"]["resourceVersion"])
+            obj = table_for(
+                rt, [obj], self.store.now(), include=self._include(request), rv=obj["metadata"]["resourceVersion"]
+            )
         await response.write(json.dumps({"type": event.type.value, "object": obj}).encode() + b"\n")
 
     # ------------------------------------------------------------------------------------------ discovery
@@ -537,22 +620,37 @@ class Emulator:
         if path in ("/healthz", "/readyz", "/livez"):
             return web.Response(text="ok")
         if path == "/api":
-            return self._respond(request, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]})
+            return self._respond(
+                request,
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
+                    ],
+                },
+            )
         if path == "/apis":
-            return self._respond(request, {"kind": "APIGroupList", "apiVersion": "v1",
-                                           "groups": [self._group(g) for g in self._groups()]})
+            return self._respond(
+                request,
+                {"kind": "APIGroupList", "apiVersion": "v1", "groups": [self._group(g) for g in self._groups()]},
+            )
         if path == "/api/v1":
             return self._respond(request, self._resource_list("", "v1"))
         if len(parts) == 2 and parts[0] == "apis" and parts[1] in self._groups():
             return self._respond(request, {"kind": "APIGroup", "apiVersion": "v1", **self._group(parts[1])})
-        if len(parts) == 3 and parts[0] == "apis" and parts[1] in self._groups():
-            if parts[2] in self._groups()[parts[1]]:
-                return self._respond(request, self._resource_list(parts[1], parts[2]))
+        if len(parts) == 3 and parts[0] == "apis" and parts[2] in self._groups().get(parts[1], []):
+            return self._respond(request, self._resource_list(parts[1], parts[2]))
         if path == "/openapi/v3":
-            return self._respond(request, {"paths": {
-                gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={self._openapi_hash(gv)}"}
-                for gv in self._openapi_gvs()}})
+            return self._respond(
+                request,
+                {
+                    "paths": {
+                        gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={self._openapi_hash(gv)}"}
+                        for gv in self._openapi_gvs()
+                    }
+                },
+            )
         if parts[:2] == ["openapi", "v3"] and "/".join(parts[2:]) in self._openapi_gvs():
             return self._respond(request, self._openapi_doc("/".join(parts[2:])))
         if path == "/":
@@ -579,23 +677,46 @@ class Emulator:
         for rt in sorted(self.store.types(), key=lambda t: t.plural):
             if rt.group != group or rt.version != version:
                 continue
-            entry: Obj = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                          "kind": rt.kind, "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
-                                                     "update", "watch"]}
+            entry: Obj = {
+                "name": rt.plural,
+                "singularName": rt.singular,
+                "namespaced": rt.namespaced,
+                "kind": rt.kind,
+                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            }
             if rt.short_names:
                 entry["shortNames"] = list(rt.short_names)
             if rt.categories:
                 entry["categories"] = list(rt.categories)
             resources.append(entry)
             if rt.status_subresource:
-                resources.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
-                                  "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+                resources.append(
+                    {
+                        "name": f"{rt.plural}/status",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
             if rt.scale:
-                resources.append({"name": f"{rt.plural}/scale", "singularName": "", "namespaced": rt.namespaced,
-                                  "group": "autoscaling", "version": "v1", "kind": "Scale",
-                                  "verbs": ["get", "patch", "update"]})
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+                resources.append(
+                    {
+                        "name": f"{rt.plural}/scale",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "kind": "Scale",
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
 
     def _openapi_gvs(self) -> list[str]:
         gvs = {("api/v1" if not rt.group else f"apis/{rt.group}/{rt.version}") for rt in self.store.types()}
@@ -616,15 +737,27 @@ class Emulator:
             prefix = f"/{gv}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"/{gv}/{rt.plural}"
             validation = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
             content = {t: {"schema": {"type": "object"}} for t in (PatchType.JSON, PatchType.MERGE, PatchType.APPLY)}
-            operation = {"x-kubernetes-group-version-kind": gvk[0], "x-kubernetes-action": "patch",
-                         "parameters": [validation], "requestBody": {"content": content},
-                         "responses": {"200": {"description": "OK"}}}
-            create = {"x-kubernetes-group-version-kind": gvk[0], "x-kubernetes-action": "post",
-                      "parameters": [validation], "responses": {"201": {"description": "Created"}}}
+            operation = {
+                "x-kubernetes-group-version-kind": gvk[0],
+                "x-kubernetes-action": "patch",
+                "parameters": [validation],
+                "requestBody": {"content": content},
+                "responses": {"200": {"description": "OK"}},
+            }
+            create = {
+                "x-kubernetes-group-version-kind": gvk[0],
+                "x-kubernetes-action": "post",
+                "parameters": [validation],
+                "responses": {"201": {"description": "Created"}},
+            }
             paths[f"{prefix}/{{name}}"] = {"patch": operation, "put": {**operation, "x-kubernetes-action": "put"}}
             paths[prefix] = {"post": create}
             if rt.schema is not None:
                 reverse = ".".join(reversed(rt.group.split(".")))
                 schemas[f"{reverse}.{rt.version}.{rt.kind}"] = {**rt.schema, "x-kubernetes-group-version-kind": gvk}
-        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION["gitVersion"]},
-                "paths": paths, "components": {"schemas": schemas}}
+        return {
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION["gitVersion"]},
+            "paths": paths,
+            "components": {"schemas": schemas},
+        }

@@ -329,17 +329,16 @@ class Store:
                 "because it is being terminated",
             )
 
-    def _schema_pass(
-        self, rt: ResourceType, obj: Obj, validation: FieldValidation, warnings: list[str] | None
-    ) -> Obj:
+    def _schema_pass(self, rt: ResourceType, obj: Obj, validation: FieldValidation, warnings: list[str] | None) -> Obj:
         """Prune, default and validate a custom resource against its structural schema."""
         if rt.schema is None:
             return obj
         pruned, unknown = schema.prune(obj, rt.schema)
         if unknown and validation == FieldValidation.STRICT:
             listed = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
-                              f"strict decoding error: {listed}")
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {listed}'
+            )
         if unknown and validation == FieldValidation.WARN and warnings is not None:
             warnings.extend(f'unknown field "{u}"' for u in unknown)
         schema.apply_defaults(pruned, rt.schema)
@@ -354,12 +353,17 @@ class Store:
         pattern = DNS_LABEL if rt.plural in ("namespaces", "services") else DNS_SUBDOMAIN
         causes: list[tuple[str, str]] = []
         if not pattern.match(name) or len(name) > 253:
-            causes.append(("metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
-                                            f"{'label' if pattern is DNS_LABEL else 'subdomain'} must consist of "
-                                            "lower case alphanumeric characters, '-' or '.'"))
-        for key, value in (meta.get("labels") or {}).items():
+            causes.append(
+                (
+                    "metadata.name",
+                    f'Invalid value: "{name}": a lowercase RFC 1123 '
+                    f"{'label' if pattern is DNS_LABEL else 'subdomain'} must consist of "
+                    "lower case alphanumeric characters, '-' or '.'",
+                )
+            )
+        for value in (meta.get("labels") or {}).values():
             if not isinstance(value, str) or len(value) > 63:
-                causes.append((f"metadata.labels", f'Invalid value: "{value}": must be no more than 63 characters'))
+                causes.append(("metadata.labels", f'Invalid value: "{value}": must be no more than 63 characters'))
         spec = obj.get("spec") or {}
         if rt.key == ("apps", "deployments"):
             selector = spec.get("selector")
@@ -367,16 +371,25 @@ class Store:
             if not selector:
                 causes.append(("spec.selector", "Required value"))
             elif not selector_from_label_selector(selector).matches(template_labels):
-                causes.append(("spec.template.metadata.labels", f"Invalid value: {template_labels}: "
-                                                                "`selector` does not match template `labels`"))
+                causes.append(
+                    (
+                        "spec.template.metadata.labels",
+                        f"Invalid value: {template_labels}: `selector` does not match template `labels`",
+                    )
+                )
             causes.extend(self._pod_spec_causes((spec.get("template") or {}).get("spec"), "spec.template.spec"))
         elif rt.key == ("batch", "jobs"):
             template_spec = (spec.get("template") or {}).get("spec") or {}
             causes.extend(self._pod_spec_causes(template_spec, "spec.template.spec"))
             if template_spec.get("restartPolicy") not in ("OnFailure", "Never"):
-                causes.append(("spec.template.spec.restartPolicy", f'Unsupported value: '
-                                                                   f'"{template_spec.get("restartPolicy")}": '
-                                                                   'supported values: "OnFailure", "Never"'))
+                causes.append(
+                    (
+                        "spec.template.spec.restartPolicy",
+                        f"Unsupported value: "
+                        f'"{template_spec.get("restartPolicy")}": '
+                        'supported values: "OnFailure", "Never"',
+                    )
+                )
         elif rt.key == ("", "pods"):
             causes.extend(self._pod_spec_causes(spec, "spec"))
         if causes:
@@ -445,8 +458,9 @@ class Store:
         if rt.namespaced:
             body_ns = meta.get("namespace")
             if body_ns and namespace and body_ns != namespace:
-                raise bad_request("the namespace of the provided object does not match the namespace sent on the "
-                                  "request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             namespace = namespace or body_ns
             if not namespace:
                 raise bad_request("the server could not find the requested resource (namespace required)")
@@ -462,13 +476,19 @@ class Store:
                         break
                 meta["name"] = name
             else:
-                raise invalid(rt.kind, "", [("metadata.name", "Required value: name or generateName is required")],
-                              rt.group)
+                raise invalid(
+                    rt.kind, "", [("metadata.name", "Required value: name or generateName is required")], rt.group
+                )
         name = meta["name"]
         self._check_namespace(rt, namespace)
         if self.find(rt, namespace, name) is not None:
-            raise ApiError(Reason.ALREADY_EXISTS, f'{rt.qualified()} "{name}" already exists', group=rt.group,
-                           kind=rt.plural, name=name)
+            raise ApiError(
+                Reason.ALREADY_EXISTS,
+                f'{rt.qualified()} "{name}" already exists',
+                group=rt.group,
+                kind=rt.plural,
+                name=name,
+            )
         if rt.reset_status_on_create:
             obj.pop("status", None)
             if rt.key == ("", "pods"):
@@ -499,8 +519,10 @@ class Store:
         if kind and kind != rt.kind:
             raise bad_request(f"the kind of the provided object ({kind}) does not match the URL's ({rt.kind})")
         if api_version and api_version != rt.api_version:
-            raise bad_request(f"the API version in the data ({api_version}) does not match the expected API "
-                              f"version ({rt.api_version})")
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({rt.api_version})"
+            )
 
     def _validate_crd(self, crd: Obj) -> None:
         spec = crd.get("spec") or {}
@@ -516,8 +538,12 @@ class Store:
             causes.append(("spec.versions", "Required value"))
         expected = f"{names.get('plural')}.{spec.get('group')}"
         if crd["metadata"]["name"] != expected:
-            causes.append(("metadata.name", f'Invalid value: "{crd["metadata"]["name"]}": must be spec.names.plural'
-                                            f"+\".\"+spec.group"))
+            causes.append(
+                (
+                    "metadata.name",
+                    f'Invalid value: "{crd["metadata"]["name"]}": must be spec.names.plural+"."+spec.group',
+                )
+            )
         if causes:
             raise invalid("CustomResourceDefinition", crd["metadata"]["name"], causes, "apiextensions.k8s.io")
 
@@ -531,10 +557,20 @@ class Store:
             "acceptedNames": names,
             "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
             "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                 "message": "no conflicts found", "lastTransitionTime": now},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": now},
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                    "lastTransitionTime": now,
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                    "lastTransitionTime": now,
+                },
             ],
         }
         self._sync_crd(crd, None)
@@ -552,8 +588,12 @@ class Store:
             raise conflict(rt.qualified(), name)
         uid = meta.get("uid")
         if uid and uid != current["metadata"]["uid"]:
-            raise conflict(rt.qualified(), name, why=f"Precondition failed: UID in precondition: {uid}, UID in "
-                                                     f"object meta: {current['metadata']['uid']}")
+            raise conflict(
+                rt.qualified(),
+                name,
+                why=f"Precondition failed: UID in precondition: {uid}, UID in "
+                f"object meta: {current['metadata']['uid']}",
+            )
 
     def update(
         self,
@@ -576,8 +616,7 @@ class Store:
         if meta.get("name") and meta["name"] != name:
             raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
         if rt.namespaced and meta.get("namespace") and meta["namespace"] != (namespace or ""):
-            raise bad_request("the namespace of the provided object does not match the namespace sent on the "
-                              "request")
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
         self._check_preconditions(rt, current, meta, name)
         if subresource == "status":
             new = copy.deepcopy(current)
@@ -588,8 +627,16 @@ class Store:
         else:
             new = copy.deepcopy(body)
             new_meta = new.setdefault("metadata", {})
-            for keep in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                         "generation", "namespace", "name", "generateName"):
+            for keep in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "name",
+                "generateName",
+            ):
                 if keep in current["metadata"]:
                     new_meta[keep] = current["metadata"][keep]
                 else:
@@ -670,8 +717,9 @@ class Store:
             )
         if patch_type == PatchType.APPLY:
             if not field_manager:
-                raise bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is "
-                                  "required for apply patch")
+                raise bad_request(
+                    'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
+                )
             if self.find(rt, namespace, name) is None and subresource is None:
                 body = copy.deepcopy(patch)
                 body.setdefault("metadata", {})["name"] = name
@@ -694,8 +742,16 @@ class Store:
         if subresource == "scale":
             return self.update_scale(rt, namespace, name, result, dry_run=dry_run)
         result.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return self.update(rt, namespace, name, result, subresource=subresource, validation=validation,
-                           warnings=warnings, dry_run=dry_run)
+        return self.update(
+            rt,
+            namespace,
+            name,
+            result,
+            subresource=subresource,
+            validation=validation,
+            warnings=warnings,
+            dry_run=dry_run,
+        )
 
     # ------------------------------------------------------------------------------------------- scale
 
@@ -714,8 +770,9 @@ class Store:
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                         if k in meta},
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+            },
             "spec": {"replicas": int(jsonpath_get(obj, rt.scale.spec_replicas) or 0)},
             "status": status,
         }
@@ -723,8 +780,9 @@ class Store:
     def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         return self.scale_of(rt, self._current(rt, namespace, name))
 
-    def update_scale(self, rt: ResourceType, namespace: str | None, name: str, body: Obj, *,
-                     dry_run: bool = False) -> Obj:
+    def update_scale(
+        self, rt: ResourceType, namespace: str | None, name: str, body: Obj, *, dry_run: bool = False
+    ) -> Obj:
         current = self._current(rt, namespace, name)
         if rt.scale is None:
             raise not_found(f"{rt.plural}/scale", name, rt.group)
@@ -732,8 +790,12 @@ class Store:
         self._check_preconditions(rt, current, meta, name)
         replicas = (body.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise invalid("Scale", name, [("spec.replicas", f"Invalid value: {replicas}: must be greater than or "
-                                                            "equal to 0")], "autoscaling")
+            raise invalid(
+                "Scale",
+                name,
+                [("spec.replicas", f"Invalid value: {replicas}: must be greater than or equal to 0")],
+                "autoscaling",
+            )
         new = copy.deepcopy(current)
         jsonpath_set(new, rt.scale.spec_replicas, replicas)
         committed = self._commit(rt, current, new, dry_run=dry_run)
@@ -931,7 +993,8 @@ def _qos_class(spec: Obj) -> str:
     if not any(r.get("requests") or r.get("limits") for r in resources):
         return "BestEffort"
     guaranteed = all(
-        r.get("limits") and all(r.get("limits", {}).get(k) == v for k, v in (r.get("requests") or {}).items())
+        r.get("limits")
+        and all(r.get("limits", {}).get(k) == v for k, v in (r.get("requests") or {}).items())
         and {"cpu", "memory"} <= set(r.get("limits", {}))
         for r in resources
     )

@@ -61,8 +61,9 @@ def _col(name: str, type_: str = "string", description: str = "", priority: int 
 
 
 NAME = _col("Name", fmt="name", description="Name must be unique within a namespace.")
-AGE = _col("Age", description="CreationTimestamp is a timestamp representing the server time when this object "
-                              "was created.")
+AGE = _col(
+    "Age", description="CreationTimestamp is a timestamp representing the server time when this object was created."
+)
 
 
 def pod_status_reason(pod: Obj) -> str:
@@ -88,8 +89,11 @@ def pod_status_reason(pod: Obj) -> str:
                 reason = state["terminated"]["reason"]
             elif state.get("terminated"):
                 code = state["terminated"].get("exitCode", 0)
-                reason = f"ExitCode:{code}" if not state["terminated"].get("signal") else \
-                    f"Signal:{state['terminated']['signal']}"
+                reason = (
+                    f"ExitCode:{code}"
+                    if not state["terminated"].get("signal")
+                    else f"Signal:{state['terminated']['signal']}"
+                )
             elif state.get("running") and container.get("ready"):
                 has_running = True
         if reason == "Completed" and has_running:
@@ -148,29 +152,59 @@ def _event_row(e: Obj, now: datetime) -> list[Any]:
 def _service_row(s: Obj, now: datetime) -> list[Any]:
     spec = s.get("spec") or {}
     ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or [])
-    return [s["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>", "<none>",
-            ports or "<none>", age(s["metadata"].get("creationTimestamp"), now)]
+    return [
+        s["metadata"]["name"],
+        spec.get("type", "ClusterIP"),
+        spec.get("clusterIP") or "<none>",
+        "<none>",
+        ports or "<none>",
+        age(s["metadata"].get("creationTimestamp"), now),
+    ]
 
 
 def _job_row(j: Obj, now: datetime) -> list[Any]:
     status = j.get("status") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    state = "Complete" if conditions.get("Complete") == "True" else (
-        "Failed" if conditions.get("Failed") == "True" else "Running")
-    return [j["metadata"]["name"], state,
-            f"{status.get('succeeded', 0)}/{(j.get('spec') or {}).get('completions', 1)}",
-            "", age(j["metadata"].get("creationTimestamp"), now)]
+    state = (
+        "Complete"
+        if conditions.get("Complete") == "True"
+        else ("Failed" if conditions.get("Failed") == "True" else "Running")
+    )
+    return [
+        j["metadata"]["name"],
+        state,
+        f"{status.get('succeeded', 0)}/{(j.get('spec') or {}).get('completions', 1)}",
+        "",
+        age(j["metadata"].get("creationTimestamp"), now),
+    ]
 
 
 BUILTIN: dict[tuple[str, str], tuple[list[Obj], Callable[[Obj, datetime], list[Any]]]] = {
     ("", "pods"): (
-        [NAME, _col("Ready"), _col("Status"), _col("Restarts", "integer"), AGE, _col("IP", priority=1),
-         _col("Node", priority=1), _col("Nominated Node", priority=1), _col("Readiness Gates", priority=1)],
+        [
+            NAME,
+            _col("Ready"),
+            _col("Status"),
+            _col("Restarts", "integer"),
+            AGE,
+            _col("IP", priority=1),
+            _col("Node", priority=1),
+            _col("Nominated Node", priority=1),
+            _col("Readiness Gates", priority=1),
+        ],
         _pod_row,
     ),
     ("apps", "deployments"): (
-        [NAME, _col("Ready"), _col("Up-to-date", "integer"), _col("Available", "integer"), AGE,
-         _col("Containers", priority=1), _col("Images", priority=1), _col("Selector", priority=1)],
+        [
+            NAME,
+            _col("Ready"),
+            _col("Up-to-date", "integer"),
+            _col("Available", "integer"),
+            AGE,
+            _col("Containers", priority=1),
+            _col("Images", priority=1),
+            _col("Selector", priority=1),
+        ],
         _deployment_row,
     ),
     ("", "events"): (
@@ -187,23 +221,36 @@ BUILTIN: dict[tuple[str, str], tuple[list[Obj], Callable[[Obj, datetime], list[A
     ),
     ("", "namespaces"): (
         [NAME, _col("Status"), AGE],
-        lambda o, now: [o["metadata"]["name"], (o.get("status") or {}).get("phase", ""),
-                        age(o["metadata"].get("creationTimestamp"), now)],
+        lambda o, now: [
+            o["metadata"]["name"],
+            (o.get("status") or {}).get("phase", ""),
+            age(o["metadata"].get("creationTimestamp"), now),
+        ],
     ),
     ("", "configmaps"): (
         [NAME, _col("Data", "integer"), AGE],
-        lambda o, now: [o["metadata"]["name"], len(o.get("data") or {}) + len(o.get("binaryData") or {}),
-                        age(o["metadata"].get("creationTimestamp"), now)],
+        lambda o, now: [
+            o["metadata"]["name"],
+            len(o.get("data") or {}) + len(o.get("binaryData") or {}),
+            age(o["metadata"].get("creationTimestamp"), now),
+        ],
     ),
     ("", "secrets"): (
         [NAME, _col("Type"), _col("Data", "integer"), AGE],
-        lambda o, now: [o["metadata"]["name"], o.get("type", "Opaque"), len(o.get("data") or {}),
-                        age(o["metadata"].get("creationTimestamp"), now)],
+        lambda o, now: [
+            o["metadata"]["name"],
+            o.get("type", "Opaque"),
+            len(o.get("data") or {}),
+            age(o["metadata"].get("creationTimestamp"), now),
+        ],
     ),
     ("coordination.k8s.io", "leases"): (
         [NAME, _col("Holder"), AGE],
-        lambda o, now: [o["metadata"]["name"], (o.get("spec") or {}).get("holderIdentity", ""),
-                        age(o["metadata"].get("creationTimestamp"), now)],
+        lambda o, now: [
+            o["metadata"]["name"],
+            (o.get("spec") or {}).get("holderIdentity", ""),
+            age(o["metadata"].get("creationTimestamp"), now),
+        ],
     ),
     ("apiextensions.k8s.io", "customresourcedefinitions"): (
         [NAME, _col("Created At", "date")],

@@ -417,3 +417,16 @@ async def test_injected_conflicts_and_the_request_log(kube: KubeCluster) -> None
     ]
     assert writes[0].resource_path == "models/status"
     assert {c.verb for c in kube.calls(resource="models")} == {"create", "patch"}
+
+
+async def test_send_initial_events_ends_with_an_annotated_bookmark(kube: KubeCluster) -> None:
+    core = client.CoreV1Api(kube.api_client())
+    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
+    _, text = await kube_get_text(
+        kube,
+        f"/api/v1/namespaces/{NS}/configmaps?watch=true&sendInitialEvents=true"
+        "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1",
+    )
+    events = [json.loads(line) for line in text.splitlines()]
+    assert [e["type"] for e in events[:2]] == ["ADDED", "BOOKMARK"]
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -232,3 +232,40 @@ async def test_describe_lists_the_events_of_the_object(kube: KubeCluster) -> Non
 async def test_explain_uses_the_crd_schema(kube: KubeCluster) -> None:
     explained = (await kube.kubectl("explain", "model.spec.gpu.priority")).check().stdout
     assert "FIELD: priority <integer>" in explained
+
+
+async def test_scale_jsonpath_watch_and_delete(kube: KubeCluster) -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "example/web:1"}]},
+            },
+        },
+    }
+    (await kube.kubectl("apply", "-f", "-", input=json.dumps(deployment))).check()
+    (await kube.kubectl("scale", "deployment/web", "--replicas=2")).check()
+    assert kube.calls(verb="patch", resource="deployments", subresource="scale")
+    replicas = (await kube.kubectl("get", "deployment", "web", "-o", "jsonpath={.spec.replicas}")).check()
+    assert replicas.stdout == "2"
+    as_json = json.loads((await kube.kubectl("get", "deployment", "web", "-o", "json")).check().stdout)
+    assert as_json["kind"] == "Deployment" and as_json["metadata"]["generation"] == 2
+
+    (await kube.kubectl("apply", "-f", "examples/homelab.yaml")).check()
+    watching = asyncio.ensure_future(kube.kubectl("get", "models", "-w", "--request-timeout=5s"))
+    await kube.wait_for(lambda: kube.calls(verb="watch", resource="models"), message="kubectl to watch")
+    deleted = (await kube.kubectl("delete", "model", "chat-small")).check()
+    assert 'model.ai.flexinfer "chat-small" deleted' in deleted.stdout
+    kube.expire_watches()
+    watched = rows((await asyncio.wait_for(watching, timeout=30)).stdout)
+    assert watched[0][:3] == ["NAME", "SHARED", "PRIORITY"]
+    assert [r[0] for r in watched[1:]] == ["chat-large", "chat-small", "chat-small"]  # listed, then the deletion
+    assert kube.get("models", "chat-small") is None
+
+    resources = rows((await kube.kubectl("api-resources", "--api-group=ai.flexinfer")).check().stdout)
+    assert sorted(r[0] for r in resources[1:]) == ["gpugroups", "gpuleases", "modelcaches", "models"]

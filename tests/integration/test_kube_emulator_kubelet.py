@@ -361,3 +361,38 @@ async def test_closing_the_cluster_kills_every_container_process(tmp_path: Path)
         pid = int(container_status(pod)["containerID"].removeprefix("fake://"))
         assert _alive(pid)
     assert not _alive(pid)
+
+
+async def test_init_containers_env_and_variable_expansion(kube: KubeCluster) -> None:
+    core = client.CoreV1Api(kube.api_client())
+    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "settings"}, "data": {"mode": "fast"}})
+    show = "import os, sys; print(sys.argv[1], os.environ['MODE'], os.environ['POD'], os.environ['FAKE_MODEL_HOST'])"
+    pod = {
+        "metadata": {"name": "envy"},
+        "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [
+                {"name": "prepare", "image": "python:3", "command": [sys.executable, "-c", "print('init')"]}
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3",
+                    "command": [sys.executable, "-c", show],
+                    "args": ["$(MODE)-arg"],
+                    "env": [
+                        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    ],
+                }
+            ],
+        },
+    }
+    await call(core.create_namespaced_pod, NS, pod)
+    done = await kube.wait_for(
+        lambda: (p := kube.get("pods", "envy")) and p["status"].get("phase") == "Succeeded" and p
+    )
+    assert done["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    ip = done["status"]["podIP"]
+    assert kube.container_log("envy").split() == ["fast-arg", "fast", "envy", ip]
+    assert kube.container_log("envy", "prepare") == "init\n"

@@ -375,3 +375,23 @@ def test_watch_from_too_old_resource_version_is_410(store: Store) -> None:
             first["metadata"]["resourceVersion"],
         )
     assert caught.value.code == 410 and caught.value.reason == Reason.GONE
+
+
+def test_deleting_a_crd_stops_serving_it_and_deletes_its_objects(store: Store) -> None:
+    rt = store.type("example.com", "v1", "widgets")
+    store.create(rt, "default", widget())
+    store.delete(store.type("apiextensions.k8s.io", "v1", "customresourcedefinitions"), None, "widgets.example.com")
+    with pytest.raises(ApiError) as caught:
+        store.type("example.com", "v1", "widgets")
+    assert caught.value.code == 404
+    assert [e.type for e in store.history if e.key == rt.key][-1] == EventType.DELETED
+
+
+def test_apply_patch_creates_then_merges(store: Store) -> None:
+    rt = store.type("example.com", "v1", "widgets")
+    with pytest.raises(ApiError, match="fieldManager"):
+        store.patch(rt, "default", "w", PatchType.APPLY, widget())
+    created = store.patch(rt, "default", "w", PatchType.APPLY, widget(priority=3), field_manager="test")
+    assert created["spec"]["priority"] == 3
+    merged = store.patch(rt, "default", "w", PatchType.APPLY, {"spec": {"mode": "A"}}, field_manager="test")
+    assert (merged["spec"]["priority"], merged["spec"]["mode"]) == (3, "A")

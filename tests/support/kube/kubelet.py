@@ -708,8 +708,11 @@ class FakeKubelet:
         pod = self.store.find(self._t("", "v1", "pods"), namespace, name)
         if pod is None:
             raise KeyError(f"{namespace}/{name}")
-        runs = [r for r in self._runs.get(pod["metadata"]["uid"], []) if not r.init]
-        run = next((r for r in runs if container in (None, r.name)), None)
+        runs = self._runs.get(pod["metadata"]["uid"], [])
+        if container is None:
+            run = next((r for r in runs if not r.init), None)
+        else:
+            run = next((r for r in runs if r.name == container), None)
         if run is None or run.log_path is None or not run.log_path.exists():
             return ""
         return run.log_path.read_text(errors="replace")

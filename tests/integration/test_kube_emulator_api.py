@@ -9,21 +9,17 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError
 
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, in_thread
+from tests.support.kube.builders import deployment
 
-T = TypeVar("T")
 NS = "default"
-
-
-async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def status_of(error: ApiException) -> dict[str, Any]:
@@ -63,19 +59,19 @@ MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")
 
 async def test_crud_status_codes_and_bodies(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    created = await call(
+    created = await in_thread(
         core.create_namespaced_config_map, NS, {"metadata": {"name": "cm", "labels": {"a": "1"}}, "data": {"k": "v"}}
     )
     assert created.metadata.uid and created.metadata.resource_version
-    fetched = await call(core.read_namespaced_config_map, "cm", NS)
+    fetched = await in_thread(core.read_namespaced_config_map, "cm", NS)
     assert fetched.data == {"k": "v"}
 
     with pytest.raises(ApiException) as exists:
-        await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "cm"}})
+        await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "cm"}})
     assert exists.value.status == 409 and status_of(exists.value)["reason"] == "AlreadyExists"
 
     fetched.data = {"k": "w"}
-    replaced = await call(core.replace_namespaced_config_map, "cm", NS, fetched)
+    replaced = await in_thread(core.replace_namespaced_config_map, "cm", NS, fetched)
     assert int(replaced.metadata.resource_version) > int(created.metadata.resource_version)
 
     status, listed = await asyncio.to_thread(raw, kube.api_client(), "GET", f"/api/v1/namespaces/{NS}/configmaps")
@@ -84,9 +80,9 @@ async def test_crud_status_codes_and_bodies(kube: KubeCluster) -> None:
     assert listed["metadata"]["resourceVersion"] == replaced.metadata.resource_version
     assert [i["metadata"]["name"] for i in listed["items"]] == ["cm"]
 
-    await call(core.delete_namespaced_config_map, "cm", NS)
+    await in_thread(core.delete_namespaced_config_map, "cm", NS)
     with pytest.raises(ApiException) as missing:
-        await call(core.read_namespaced_config_map, "cm", NS)
+        await in_thread(core.read_namespaced_config_map, "cm", NS)
     body = status_of(missing.value)
     assert missing.value.status == 404
     assert (body["kind"], body["reason"], body["code"]) == ("Status", "NotFound", 404)
@@ -95,27 +91,27 @@ async def test_crud_status_codes_and_bodies(kube: KubeCluster) -> None:
 
 async def test_generate_name_and_namespace_from_the_url(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    created = await call(core.create_namespaced_config_map, NS, {"metadata": {"generateName": "lease-"}})
+    created = await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"generateName": "lease-"}})
     assert created.metadata.name.startswith("lease-") and len(created.metadata.name) == len("lease-") + 5
     assert created.metadata.namespace == NS
     with pytest.raises(ApiException) as mismatch:
-        await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x", "namespace": "other"}})
+        await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "x", "namespace": "other"}})
     assert mismatch.value.status == 400 and status_of(mismatch.value)["reason"] == "BadRequest"
 
 
 async def test_stale_resource_version_is_409_conflict(kube: KubeCluster) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    first = await call(custom.create_namespaced_custom_object, *MODELS, model("m"))
-    await call(custom.patch_namespaced_custom_object, *MODELS, "m", {"spec": {"gpu": {"priority": 1}}})
+    first = await in_thread(custom.create_namespaced_custom_object, *MODELS, model("m"))
+    await in_thread(custom.patch_namespaced_custom_object, *MODELS, "m", {"spec": {"gpu": {"priority": 1}}})
     stale = {**first, "spec": {**first["spec"], "backend": "vllm"}}
     with pytest.raises(ApiException) as caught:
-        await call(custom.replace_namespaced_custom_object, *MODELS, "m", stale)
+        await in_thread(custom.replace_namespaced_custom_object, *MODELS, "m", stale)
     body = status_of(caught.value)
     assert caught.value.status == 409 and body["reason"] == "Conflict"
     assert "the object has been modified" in body["message"]
     # A resourceVersion inside a patch body is a precondition too.
     with pytest.raises(ApiException) as patched:
-        await call(
+        await in_thread(
             custom.patch_namespaced_custom_object,
             *MODELS,
             "m",
@@ -126,11 +122,13 @@ async def test_stale_resource_version_is_409_conflict(kube: KubeCluster) -> None
 
 async def test_generation_status_subresource_and_schema(kube: KubeCluster) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    created = await call(custom.create_namespaced_custom_object, *MODELS, {**model("m"), "status": {"phase": "Ready"}})
+    created = await in_thread(
+        custom.create_namespaced_custom_object, *MODELS, {**model("m"), "status": {"phase": "Ready"}}
+    )
     assert created["metadata"]["generation"] == 1 and "status" not in created
     assert created["spec"]["gpu"]["priority"] == 0  # the CRD's default
 
-    status = await call(
+    status = await in_thread(
         custom.patch_namespaced_custom_object_status,
         *MODELS,
         "m",
@@ -138,16 +136,18 @@ async def test_generation_status_subresource_and_schema(kube: KubeCluster) -> No
     )
     assert status["status"]["phase"] == "Loading" and status["metadata"]["generation"] == 1
 
-    ignored = await call(custom.patch_namespaced_custom_object, *MODELS, "m", {"status": {"phase": "Failed"}})
+    ignored = await in_thread(custom.patch_namespaced_custom_object, *MODELS, "m", {"status": {"phase": "Failed"}})
     assert ignored["status"]["phase"] == "Loading" and ignored["metadata"]["generation"] == 1
 
-    labelled = await call(custom.patch_namespaced_custom_object, *MODELS, "m", {"metadata": {"labels": {"x": "y"}}})
+    labelled = await in_thread(
+        custom.patch_namespaced_custom_object, *MODELS, "m", {"metadata": {"labels": {"x": "y"}}}
+    )
     assert labelled["metadata"]["generation"] == 1
-    changed = await call(custom.patch_namespaced_custom_object, *MODELS, "m", {"spec": {"gpu": {"priority": 5}}})
+    changed = await in_thread(custom.patch_namespaced_custom_object, *MODELS, "m", {"spec": {"gpu": {"priority": 5}}})
     assert changed["metadata"]["generation"] == 2
 
     with pytest.raises(ApiException) as invalid:
-        await call(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Dancing"}})
+        await in_thread(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Dancing"}})
     body = status_of(invalid.value)
     assert invalid.value.status == 422 and body["reason"] == "Invalid"
     assert body["details"]["causes"][0]["field"] == "status.phase"
@@ -155,36 +155,23 @@ async def test_generation_status_subresource_and_schema(kube: KubeCluster) -> No
 
 async def test_deployment_scale_subresource(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(
-        apps.create_namespaced_deployment,
-        NS,
-        {
-            "metadata": {"name": "d"},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": "d"}},
-                "template": {
-                    "metadata": {"labels": {"app": "d"}},
-                    "spec": {"containers": [{"name": "c", "image": "registry.example/none:1"}]},
-                },
-            },
-        },
-    )
-    scale = await call(apps.read_namespaced_deployment_scale, "d", NS)
+    d = deployment("d", gpu=0, command=[], image="registry.example/none:1", readiness_path=None)
+    await in_thread(apps.create_namespaced_deployment, NS, d)
+    scale = await in_thread(apps.read_namespaced_deployment_scale, "d", NS)
     assert (scale.kind, scale.api_version, scale.spec.replicas, scale.status.selector) == (
         "Scale",
         "autoscaling/v1",
         0,
         "app=d",
     )
-    patched = await call(apps.patch_namespaced_deployment_scale, "d", NS, {"spec": {"replicas": 1}})
+    patched = await in_thread(apps.patch_namespaced_deployment_scale, "d", NS, {"spec": {"replicas": 1}})
     assert patched.spec.replicas == 1
-    deployment = await call(apps.read_namespaced_deployment, "d", NS)
-    assert deployment.spec.replicas == 1 and deployment.metadata.generation == 2
+    stored = await in_thread(apps.read_namespaced_deployment, "d", NS)
+    assert stored.spec.replicas == 1 and stored.metadata.generation == 2
 
     scale.spec.replicas = 3  # scale still carries the old resourceVersion
     with pytest.raises(ApiException) as caught:
-        await call(apps.replace_namespaced_deployment_scale, "d", NS, scale)
+        await in_thread(apps.replace_namespaced_deployment_scale, "d", NS, scale)
     assert caught.value.status == 409
     status, body = await asyncio.to_thread(
         raw,
@@ -199,16 +186,16 @@ async def test_deployment_scale_subresource(kube: KubeCluster) -> None:
 
 async def test_label_and_field_selectors_on_list(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespace, {"metadata": {"name": "other"}})
+    await in_thread(core.create_namespace, {"metadata": {"name": "other"}})
     for ns, name, labels in [
         (NS, "a", {"app": "x", "tier": "gpu"}),
         (NS, "b", {"app": "y"}),
         ("other", "c", {"app": "x"}),
     ]:
-        await call(core.create_namespaced_config_map, ns, {"metadata": {"name": name, "labels": labels}})
+        await in_thread(core.create_namespaced_config_map, ns, {"metadata": {"name": name, "labels": labels}})
 
     async def names(**kwargs: Any) -> list[str]:
-        found = await call(core.list_config_map_for_all_namespaces, **kwargs)
+        found = await in_thread(core.list_config_map_for_all_namespaces, **kwargs)
         return sorted(i.metadata.name for i in found.items)
 
     assert await names(label_selector="app=x") == ["a", "c"]
@@ -218,7 +205,7 @@ async def test_label_and_field_selectors_on_list(kube: KubeCluster) -> None:
     assert await names(label_selector="app notin (y)") == ["a", "c"]
     assert await names(field_selector="metadata.namespace=other") == ["c"]
     assert await names(field_selector="metadata.name!=a,metadata.namespace==default") == ["b"]
-    only = await call(core.list_namespaced_config_map, "other")
+    only = await in_thread(core.list_namespaced_config_map, "other")
     assert [i.metadata.name for i in only.items] == ["c"]
     with pytest.raises(ApiException) as caught:
         await names(field_selector="data.k=v")
@@ -243,15 +230,15 @@ def watch_events(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict
 
 async def test_watch_resumes_from_a_resource_version_and_filters(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "before", "labels": {"w": "1"}}})
-    listed = await call(core.list_namespaced_config_map, NS)
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "before", "labels": {"w": "1"}}})
+    listed = await in_thread(core.list_namespaced_config_map, NS)
     since = listed.metadata.resource_version
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "a", "labels": {"w": "1"}}})
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "unlabelled"}})
-    await call(core.patch_namespaced_config_map, "a", NS, {"data": {"k": "v"}})
-    await call(core.patch_namespaced_config_map, "a", NS, {"metadata": {"labels": {"w": "2"}}})  # leaves selector
-    await call(core.delete_namespaced_config_map, "before", NS)
-    events = await call(
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "a", "labels": {"w": "1"}}})
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "unlabelled"}})
+    await in_thread(core.patch_namespaced_config_map, "a", NS, {"data": {"k": "v"}})
+    await in_thread(core.patch_namespaced_config_map, "a", NS, {"metadata": {"labels": {"w": "2"}}})  # leaves selector
+    await in_thread(core.delete_namespaced_config_map, "before", NS)
+    events = await in_thread(
         watch_events,
         core.list_namespaced_config_map,
         NS,
@@ -271,18 +258,18 @@ async def test_watch_resumes_from_a_resource_version_and_filters(kube: KubeClust
 
 async def test_watch_without_resource_version_starts_with_current_objects(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
-    events = await call(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=1)
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
+    events = await in_thread(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=1)
     assert [(e["type"], e["name"]) for e in events] == [("ADDED", "x")]
 
 
 async def test_watch_after_compaction_gets_410_gone(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    listed = await call(core.list_namespaced_config_map, NS)
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
+    listed = await in_thread(core.list_namespaced_config_map, NS)
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
     kube.compact()
     with pytest.raises(ApiException) as caught:
-        await call(
+        await in_thread(
             watch_events,
             core.list_namespaced_config_map,
             NS,
@@ -314,9 +301,9 @@ async def kube_get_text(kube: KubeCluster, path: str) -> tuple[int, str]:
 async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
     kube.emulator.bookmark_interval = 0.1
     core = client.CoreV1Api(kube.api_client())
-    listed = await call(core.list_namespaced_config_map, NS)
+    listed = await in_thread(core.list_namespaced_config_map, NS)
     started = time.monotonic()
-    events = await call(
+    events = await in_thread(
         watch_events,
         core.list_namespaced_config_map,
         NS,
@@ -332,7 +319,7 @@ async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
         "apiVersion": "v1",
         "metadata": {"resourceVersion": listed.metadata.resource_version},
     }
-    without = await call(
+    without = await in_thread(
         watch_events,
         core.list_namespaced_config_map,
         NS,
@@ -344,9 +331,9 @@ async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
 
 async def test_expire_watches_ends_open_streams(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    listed = await call(core.list_namespaced_config_map, NS)
+    listed = await in_thread(core.list_namespaced_config_map, NS)
     ending = asyncio.ensure_future(
-        call(
+        in_thread(
             watch_events,
             core.list_namespaced_config_map,
             NS,
@@ -355,7 +342,7 @@ async def test_expire_watches_ends_open_streams(kube: KubeCluster) -> None:
         )
     )
     await kube.wait_for(lambda: kube.store.watchers, message="the watch to open")
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "seen"}})
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "seen"}})
     kube.expire_watches()
     events = await asyncio.wait_for(ending, timeout=10)
     assert [(e["type"], e["name"]) for e in events] == [("ADDED", "seen")]
@@ -364,7 +351,7 @@ async def test_expire_watches_ends_open_streams(kube: KubeCluster) -> None:
 async def test_owner_reference_garbage_collection(kube: KubeCluster) -> None:
     api = kube.api_client()
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    owner = await call(custom.create_namespaced_custom_object, *MODELS, model("m"))
+    owner = await in_thread(custom.create_namespaced_custom_object, *MODELS, model("m"))
     ref = {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
@@ -373,10 +360,10 @@ async def test_owner_reference_garbage_collection(kube: KubeCluster) -> None:
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "owned", "ownerReferences": [ref]}})
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "free"}})
-    await call(custom.delete_namespaced_custom_object, *MODELS, "m")
-    remaining = await call(core.list_namespaced_config_map, NS)
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "owned", "ownerReferences": [ref]}})
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "free"}})
+    await in_thread(custom.delete_namespaced_custom_object, *MODELS, "m")
+    remaining = await in_thread(core.list_namespaced_config_map, NS)
     assert [i.metadata.name for i in remaining.items] == ["free"]
 
 
@@ -386,14 +373,14 @@ async def test_unreachable_refuses_then_recovers(kube: KubeCluster) -> None:
     core = client.CoreV1Api(api)
     async with kube.unreachable():
         with pytest.raises(MaxRetryError):
-            await call(core.list_namespaced_config_map, NS, _request_timeout=2)
-    listed = await call(core.list_namespaced_config_map, NS)
+            await in_thread(core.list_namespaced_config_map, NS, _request_timeout=2)
+    listed = await in_thread(core.list_namespaced_config_map, NS)
     assert listed.items == []
 
 
 async def test_unreachable_drops_open_watches(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    ending = asyncio.ensure_future(call(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=60))
+    ending = asyncio.ensure_future(in_thread(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=60))
     await kube.wait_for(lambda: kube.store.watchers, message="the watch to open")
     async with kube.unreachable():
         await asyncio.wait_for(asyncio.gather(ending, return_exceptions=True), timeout=10)
@@ -401,13 +388,13 @@ async def test_unreachable_drops_open_watches(kube: KubeCluster) -> None:
 
 async def test_injected_conflicts_and_the_request_log(kube: KubeCluster) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    await call(custom.create_namespaced_custom_object, *MODELS, model("m"))
+    await in_thread(custom.create_namespaced_custom_object, *MODELS, model("m"))
     kube.inject_conflicts(2, resource="models", name="m", subresource="status")
     for _ in range(2):
         with pytest.raises(ApiException) as caught:
-            await call(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Ready"}})
+            await in_thread(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Ready"}})
         assert caught.value.status == 409 and status_of(caught.value)["reason"] == "Conflict"
-    done = await call(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Ready"}})
+    done = await in_thread(custom.patch_namespaced_custom_object_status, *MODELS, "m", {"status": {"phase": "Ready"}})
     assert done["status"]["phase"] == "Ready"
     writes = kube.calls(resource="models", subresource="status")
     assert [(c.verb, c.api_group, c.namespace, c.name, c.status) for c in writes] == [
@@ -421,7 +408,7 @@ async def test_injected_conflicts_and_the_request_log(kube: KubeCluster) -> None
 
 async def test_send_initial_events_ends_with_an_annotated_bookmark(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "x"}})
     _, text = await kube_get_text(
         kube,
         f"/api/v1/namespaces/{NS}/configmaps?watch=true&sendInitialEvents=true"

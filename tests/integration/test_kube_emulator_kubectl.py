@@ -11,7 +11,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, in_thread
+from tests.support.kube.builders import crd, deployment
 
 NS = "default"
 MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")
@@ -22,17 +23,13 @@ SEED_COLUMNS = (
 )
 
 
-async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
 def rows(table: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in table.strip().splitlines()]
 
 
 async def set_status(kube: KubeCluster, name: str, status: dict[str, Any]) -> None:
     custom = client.CustomObjectsApi(kube.api_client())
-    await call(custom.patch_namespaced_custom_object_status, *MODELS, name, {"status": status})
+    await in_thread(custom.patch_namespaced_custom_object_status, *MODELS, name, {"status": status})
 
 
 async def test_apply_the_example_then_get_models_and_the_seed_columns(kube: KubeCluster) -> None:
@@ -93,8 +90,8 @@ async def test_get_gpuleases_prints_the_seed_columns(kube: KubeCluster) -> None:
         "metadata": {"name": "qwen3-1p7b-lora-gpu-lease"},
         "spec": {"group": "5930k-textgen", "owner": "qwen3-1p7b-lora", "node": "cblevins-5930k", "ttlSeconds": 3600},
     }
-    await call(custom.create_namespaced_custom_object, "ai.flexinfer", "v1alpha1", NS, "gpuleases", lease)
-    await call(
+    await in_thread(custom.create_namespaced_custom_object, "ai.flexinfer", "v1alpha1", NS, "gpuleases", lease)
+    await in_thread(
         custom.patch_namespaced_custom_object_status,
         "ai.flexinfer",
         "v1alpha1",
@@ -121,67 +118,29 @@ async def test_wait_for_a_condition_and_for_a_jsonpath(kube: KubeCluster) -> Non
     result = await asyncio.wait_for(waiting, timeout=30)
     assert result.check().stdout.strip() == "model.ai.flexinfer/chat-small condition met"
 
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "example/web:1"}]},
-            },
-        },
-    }
-    (await kube.kubectl("apply", "-f", "-", input=json.dumps(deployment))).check()
+    web = deployment("web", replicas=1, gpu=0, command=[], image="example/web:1", readiness_path=None)
+    (await kube.kubectl("apply", "-f", "-", input=json.dumps(web))).check()
     waited = (await kube.kubectl("wait", "--for=condition=Available", "deployment/web", "--timeout=20s")).check()
     assert waited.stdout.strip() == "deployment.apps/web condition met"
 
 
 async def test_wait_for_a_custom_resource_condition(kube: KubeCluster) -> None:
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                "status": {
-                                    "type": "object",
-                                    "properties": {
-                                        "conditions": {
-                                            "type": "array",
-                                            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                        }
-                                    },
-                                },
-                            },
-                        }
-                    },
-                }
-            ],
+    conditions = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "status": {"type": "object", "properties": {"conditions": conditions}},
         },
     }
-    (await kube.kubectl("apply", "-f", "-", input=json.dumps(crd))).check()
+    widgets = crd("Widget", "example.com", schema)
+    (await kube.kubectl("apply", "-f", "-", input=json.dumps(widgets))).check()
     widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}}
     (await kube.kubectl("apply", "-f", "-", input=json.dumps(widget))).check()
     waiting = asyncio.ensure_future(kube.kubectl("wait", "--for=condition=Active", "widget/w", "--timeout=20s"))
     await kube.wait_for(lambda: kube.calls(verb="watch", resource="widgets"), message="kubectl to watch")
     custom = client.CustomObjectsApi(kube.api_client())
-    await call(
+    await in_thread(
         custom.patch_namespaced_custom_object_status,
         "example.com",
         "v1",
@@ -200,7 +159,7 @@ async def test_describe_lists_the_events_of_the_object(kube: KubeCluster) -> Non
     assert created is not None
     core = client.CoreV1Api(kube.api_client())
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    await call(
+    await in_thread(
         core.create_namespaced_event,
         NS,
         {
@@ -235,20 +194,8 @@ async def test_explain_uses_the_crd_schema(kube: KubeCluster) -> None:
 
 
 async def test_scale_jsonpath_watch_and_delete(kube: KubeCluster) -> None:
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "example/web:1"}]},
-            },
-        },
-    }
-    (await kube.kubectl("apply", "-f", "-", input=json.dumps(deployment))).check()
+    web = deployment("web", replicas=0, gpu=0, command=[], image="example/web:1", readiness_path=None)
+    (await kube.kubectl("apply", "-f", "-", input=json.dumps(web))).check()
     (await kube.kubectl("scale", "deployment/web", "--replicas=2")).check()
     assert kube.calls(verb="patch", resource="deployments", subresource="scale")
     replicas = (await kube.kubectl("get", "deployment", "web", "-o", "jsonpath={.spec.replicas}")).check()

@@ -13,53 +13,11 @@ from typing import Any
 import aiohttp
 from kubernetes import client
 
-from tests.support.kube import KubeCluster, running_cluster
+from tests.support.kube import KubeCluster, in_thread, running_cluster
+from tests.support.kube.builders import deployment
 from tests.support.kube.store import EventType, StoredEvent
 
 NS = "default"
-FAKE_IMAGE = "ghcr.io/flexinfer/fake-model:test"
-
-
-def deployment(
-    name: str,
-    *,
-    replicas: int = 0,
-    gpu: int = 1,
-    command: list[str] | None = None,
-    image: str = FAKE_IMAGE,
-    strategy: str = "Recreate",
-    grace: int = 5,
-    node_selector: dict[str, str] | None = None,
-    policy: str = "File",
-) -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": "server",
-        "image": image,
-        "command": command or ["flexinfer-fake-model", "--model", name],
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
-        "terminationMessagePolicy": policy,
-    }
-    if gpu:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpu)}}
-    spec: dict[str, Any] = {"terminationGracePeriodSeconds": grace, "containers": [container]}
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "strategy": {"type": strategy},
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
-        },
-    }
-
-
-async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def container_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -74,12 +32,12 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
 
 async def scale(kube: KubeCluster, name: str, replicas: int) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.patch_namespaced_deployment_scale, name, NS, {"spec": {"replicas": replicas}})
+    await in_thread(apps.patch_namespaced_deployment_scale, name, NS, {"spec": {"replicas": replicas}})
 
 
 async def test_scale_up_serves_http_on_the_pod_ip_and_scale_down_terminates(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.create_namespaced_deployment, NS, deployment("chat"))
+    await in_thread(apps.create_namespaced_deployment, NS, deployment("chat"))
     await scale(kube, "chat", 1)
     (pod,) = await kube.wait_for(lambda: kube.ready_pods("app=chat"), message="a Ready pod")
     assert pod["status"]["podIP"].startswith("127.") and pod["status"]["podIP"] != "127.0.0.1"
@@ -136,9 +94,9 @@ async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: 
         both.append(len(bound))
 
     kube.store.listeners.append(count_gpu_pods)
-    await call(apps.create_namespaced_deployment, NS, deployment("first", replicas=1))
+    await in_thread(apps.create_namespaced_deployment, NS, deployment("first", replicas=1))
     await kube.wait_for(lambda: kube.ready_pods("app=first"))
-    await call(apps.create_namespaced_deployment, NS, deployment("second", replicas=1))
+    await in_thread(apps.create_namespaced_deployment, NS, deployment("second", replicas=1))
     (pending,) = await kube.wait_for(
         lambda: [p for p in kube.pods("app=second") if condition(p, "PodScheduled").get("reason") == "Unschedulable"]
     )
@@ -158,7 +116,7 @@ async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: 
 
 async def test_node_selector_that_does_not_match_stays_pending(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(
+    await in_thread(
         apps.create_namespaced_deployment,
         NS,
         deployment("elsewhere", replicas=1, gpu=0, node_selector={"kubernetes.io/hostname": "gpu-box"}),
@@ -172,7 +130,7 @@ async def test_node_selector_that_does_not_match_stays_pending(kube: KubeCluster
 async def test_crash_loop_back_off_carries_the_termination_message(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
     crash = [sys.executable, "-c", "print('loading weights'); print('CUDA error: out of memory'); raise SystemExit(3)"]
-    await call(
+    await in_thread(
         apps.create_namespaced_deployment,
         NS,
         deployment("crashy", replicas=1, gpu=0, command=crash, policy="FallbackToLogsOnError"),
@@ -199,7 +157,7 @@ async def test_crash_loop_back_off_carries_the_termination_message(kube: KubeClu
 
 async def test_missing_image_shows_image_pull_back_off_and_never_starts(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(
+    await in_thread(
         apps.create_namespaced_deployment,
         NS,
         deployment("ghost", replicas=1, gpu=0, image="registry.example/does-not-exist:1"),
@@ -221,7 +179,7 @@ async def test_missing_image_shows_image_pull_back_off_and_never_starts(kube: Ku
 
 async def test_rollout_restart_replaces_the_pod(kube: KubeCluster) -> None:
     apps = client.AppsV1Api(kube.api_client())
-    await call(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
+    await in_thread(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
     (old,) = await kube.wait_for(lambda: kube.ready_pods("app=chat"))
     (await kube.kubectl("rollout", "restart", "deployment/chat")).check()
     (new,) = await kube.wait_for(
@@ -237,7 +195,7 @@ async def test_rolling_update_starts_the_new_pod_before_stopping_the_old(kube: K
     apps = client.AppsV1Api(kube.api_client())
     body = deployment("web", replicas=1, gpu=0, strategy="RollingUpdate")
     body["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 1, "maxUnavailable": 0}
-    await call(apps.create_namespaced_deployment, NS, body)
+    await in_thread(apps.create_namespaced_deployment, NS, body)
     (old,) = await kube.wait_for(lambda: kube.ready_pods("app=web"))
     order: list[str] = []
 
@@ -276,7 +234,7 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
             "containers": [{"name": "c", "image": "python:3", "command": stubborn}],
         },
     }
-    await call(core.create_namespaced_pod, NS, pod)
+    await in_thread(core.create_namespaced_pod, NS, pod)
     running = await kube.wait_for(
         lambda: (p := kube.get("pods", "stubborn")) and container_status(p).get("state", {}).get("running") and p
     )
@@ -284,7 +242,7 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
     pid = int(container_status(running)["containerID"].removeprefix("fake://"))
     loop = asyncio.get_running_loop()
     started = loop.time()
-    deleted = await call(core.delete_namespaced_pod, "stubborn", NS)
+    deleted = await in_thread(core.delete_namespaced_pod, "stubborn", NS)
     assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 2
     terminating = kube.get("pods", "stubborn")
     assert terminating is not None and terminating["metadata"]["deletionTimestamp"]
@@ -298,7 +256,7 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
 
 async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(
+    await in_thread(
         core.create_namespaced_pod,
         NS,
         {
@@ -315,13 +273,13 @@ async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> N
         },
     )
     await kube.wait_for(lambda: (p := kube.get("pods", "p")) and container_status(p).get("state", {}).get("running"))
-    await call(core.delete_namespaced_pod, "p", NS, grace_period_seconds=0)
+    await in_thread(core.delete_namespaced_pod, "p", NS, grace_period_seconds=0)
     assert kube.get("pods", "p") is None
 
 
 async def test_job_runs_its_pod_to_completion(kube: KubeCluster) -> None:
     batch = client.BatchV1Api(kube.api_client())
-    await call(
+    await in_thread(
         batch.create_namespaced_job,
         NS,
         {
@@ -356,7 +314,7 @@ async def test_job_runs_its_pod_to_completion(kube: KubeCluster) -> None:
 async def test_closing_the_cluster_kills_every_container_process(tmp_path: Path) -> None:
     async with running_cluster(tmp_path / "kube") as kube:
         apps = client.AppsV1Api(kube.api_client())
-        await call(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
+        await in_thread(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
         (pod,) = await kube.wait_for(lambda: kube.ready_pods("app=chat"))
         pid = int(container_status(pod)["containerID"].removeprefix("fake://"))
         assert _alive(pid)
@@ -365,7 +323,7 @@ async def test_closing_the_cluster_kills_every_container_process(tmp_path: Path)
 
 async def test_init_containers_env_and_variable_expansion(kube: KubeCluster) -> None:
     core = client.CoreV1Api(kube.api_client())
-    await call(core.create_namespaced_config_map, NS, {"metadata": {"name": "settings"}, "data": {"mode": "fast"}})
+    await in_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "settings"}, "data": {"mode": "fast"}})
     show = "import os, sys; print(sys.argv[1], os.environ['MODE'], os.environ['POD'], os.environ['FAKE_MODEL_HOST'])"
     pod = {
         "metadata": {"name": "envy"},
@@ -388,7 +346,7 @@ async def test_init_containers_env_and_variable_expansion(kube: KubeCluster) -> 
             ],
         },
     }
-    await call(core.create_namespaced_pod, NS, pod)
+    await in_thread(core.create_namespaced_pod, NS, pod)
     done = await kube.wait_for(
         lambda: (p := kube.get("pods", "envy")) and p["status"].get("phase") == "Succeeded" and p
     )

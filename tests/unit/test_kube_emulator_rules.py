@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.kube.builders import crd
 from tests.support.kube.errors import ApiError, Reason
 from tests.support.kube.patching import json_patch, merge_patch, strategic_merge_patch
 from tests.support.kube.resources import types_from_crd
@@ -224,25 +225,7 @@ def test_validate_names_the_field(spec: dict[str, Any], field: str, words: str) 
 
 # ------------------------------------------------------------------------------------------- the store
 
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": SCHEMA},
-            }
-        ],
-    },
-}
+CRD = crd("Widget", "example.com", SCHEMA, short_names=("wd",))
 
 
 @pytest.fixture

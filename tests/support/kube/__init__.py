@@ -3,7 +3,7 @@
 See README.md in this folder. The public names:
 """
 
-from tests.support.kube.cluster import KubeCluster, KubectlResult, rendered_crds, running_cluster
+from tests.support.kube.cluster import KubeCluster, KubectlResult, in_thread, rendered_crds, running_cluster
 from tests.support.kube.errors import ApiError, Reason
 from tests.support.kube.kubelet import FakeKubelet, KubeletConfig, NodeConfig
 from tests.support.kube.server import ApiCall, Emulator
@@ -20,6 +20,7 @@ __all__ = [
     "NodeConfig",
     "Reason",
     "Store",
+    "in_thread",
     "rendered_crds",
     "running_cluster",
 ]

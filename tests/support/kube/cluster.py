@@ -21,7 +21,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -35,6 +35,7 @@ from tests.support.kube.store import Obj, Store, StoredEvent
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_CHART = ROOT / "charts" / "flexinfer-crds"
+T = TypeVar("T")
 
 
 def kubectl_binary() -> str:
@@ -303,6 +304,11 @@ class KubeCluster:
 
     def container_log(self, pod: str, container: str | None = None, namespace: str | None = None) -> str:
         return self.kubelet.container_log(namespace or self.namespace, pod, container)
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking call (the official client's) off the event loop the emulator serves on."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-from urllib3.exceptions import MaxRetryError
+from urllib3.exceptions import MaxRetryError, ProtocolError
 
 from tests.support.kube import KubeCluster, in_thread
 from tests.support.kube.builders import deployment
@@ -383,7 +383,8 @@ async def test_unreachable_drops_open_watches(kube: KubeCluster) -> None:
     ending = asyncio.ensure_future(in_thread(watch_events, core.list_namespaced_config_map, NS, timeout_seconds=60))
     await kube.wait_for(lambda: kube.store.watchers, message="the watch to open")
     async with kube.unreachable():
-        await asyncio.wait_for(asyncio.gather(ending, return_exceptions=True), timeout=10)
+        (outcome,) = await asyncio.wait_for(asyncio.gather(ending, return_exceptions=True), timeout=10)
+    assert isinstance(outcome, ProtocolError)  # the stream broke off, as when an API server dies
 
 
 async def test_injected_conflicts_and_the_request_log(kube: KubeCluster) -> None:

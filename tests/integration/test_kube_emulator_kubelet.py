@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -220,18 +221,21 @@ async def test_rolling_update_starts_the_new_pod_before_stopping_the_old(kube: K
     assert order == ["new-ready", "old-terminating"]
 
 
-async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -> None:
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)",
+]
+
+
+async def start_stubborn_pod(kube: KubeCluster, grace: int) -> int:
+    """A pod whose process ignores SIGTERM; returns its pid once it is known to ignore it."""
     core = client.CoreV1Api(kube.api_client())
-    stubborn = [
-        sys.executable,
-        "-c",
-        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)",
-    ]
     pod = {
         "metadata": {"name": "stubborn"},
         "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "containers": [{"name": "c", "image": "python:3", "command": stubborn}],
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "c", "image": "python:3", "command": STUBBORN}],
         },
     }
     await in_thread(core.create_namespaced_pod, NS, pod)
@@ -239,19 +243,33 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
         lambda: (p := kube.get("pods", "stubborn")) and container_status(p).get("state", {}).get("running") and p
     )
     await kube.wait_for(lambda: "up" in kube.container_log("stubborn"), message="SIGTERM to be ignored")
-    pid = int(container_status(running)["containerID"].removeprefix("fake://"))
+    return int(container_status(running)["containerID"].removeprefix("fake://"))
+
+
+async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -> None:
+    core = client.CoreV1Api(kube.api_client())
+    pid = await start_stubborn_pod(kube, grace=1)
     loop = asyncio.get_running_loop()
     started = loop.time()
     deleted = await in_thread(core.delete_namespaced_pod, "stubborn", NS)
-    assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 2
+    assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 1
     terminating = kube.get("pods", "stubborn")
     assert terminating is not None and terminating["metadata"]["deletionTimestamp"]
-    table = (await kube.kubectl("get", "pod", "stubborn")).check().stdout
-    assert "Terminating" in table
+    assert _alive(pid)
     await kube.wait_for(lambda: kube.get("pods", "stubborn") is None, message="the pod to go")
-    assert loop.time() - started >= 1.9  # it ignored SIGTERM: only the SIGKILL after the grace period ended it
+    assert loop.time() - started >= 0.9  # it ignored SIGTERM: only the SIGKILL after the grace period ended it
     assert not _alive(pid)
     assert any(e.type == EventType.DELETED for e in kube.store.history if e.obj["metadata"]["name"] == "stubborn")
+
+
+async def test_kubectl_shows_terminating_and_force_deletes(kube: KubeCluster) -> None:
+    pid = await start_stubborn_pod(kube, grace=300)
+    (await kube.kubectl("delete", "pod", "stubborn", "--wait=false")).check()
+    table = (await kube.kubectl("get", "pod", "stubborn")).check().stdout
+    assert re.search(r"stubborn\s+1/1\s+Terminating", table)
+    (await kube.kubectl("delete", "pod", "stubborn", "--grace-period=0", "--force")).check()
+    assert kube.get("pods", "stubborn") is None  # removed at once, whatever the process does
+    await kube.wait_for(lambda: not _alive(pid), message="the process to be killed")
 
 
 async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> None:
@@ -354,3 +372,15 @@ async def test_init_containers_env_and_variable_expansion(kube: KubeCluster) -> 
     ip = done["status"]["podIP"]
     assert kube.container_log("envy").split() == ["fast-arg", "fast", "envy", ip]
     assert kube.container_log("envy", "prepare") == "init\n"
+
+
+async def test_deleting_a_namespace_stops_and_removes_everything_in_it(kube: KubeCluster) -> None:
+    core, apps = client.CoreV1Api(kube.api_client()), client.AppsV1Api(kube.api_client())
+    await in_thread(core.create_namespace, {"metadata": {"name": "team"}})
+    await in_thread(apps.create_namespaced_deployment, "team", deployment("chat", replicas=1))
+    (pod,) = await kube.wait_for(lambda: kube.ready_pods("app=chat", namespace="team"))
+    pid = int(container_status(pod)["containerID"].removeprefix("fake://"))
+    await in_thread(core.delete_namespace, "team")
+    await kube.wait_for(lambda: kube.get("namespaces", "team") is None, message="the namespace to go")
+    assert kube.list("deployments", namespace="team") == [] and kube.pods(namespace="team") == []
+    assert not _alive(pid)

@@ -281,15 +281,28 @@ class FakeKubelet:
         return self.store.type(group, version, plural)
 
     def reconcile(self) -> None:
+        """One pass of every controller. An API refusal (say, creating in a terminating namespace) is what a
+        real controller logs and retries on its next pass; anything else is a bug and lands in `errors`."""
         for deployment in list(self.store.iter(("apps", "deployments"))):
-            self._sync_deployment(deployment)
+            self._refusable(self._sync_deployment, deployment)
         for job in list(self.store.iter(("batch", "jobs"))):
-            self._sync_job(job)
-        self._schedule()
+            self._refusable(self._sync_job, job)
+        self._refusable(self._schedule)
         self._sync_pods()
+
+    @staticmethod
+    def _refusable(step: Callable[..., None], *args: Any) -> None:
+        try:
+            step(*args)
+        except ApiError as refused:
+            log.info("fake node: the API refused a write (%s); retrying on the next pass", refused.message)
 
     def record_event(self, obj: Obj, type_: str, reason: str, message: str, component: str) -> None:
         """An Event about `obj` (what `kubectl describe` lists); repeated ones bump `count`."""
+        with contextlib.suppress(ApiError):  # e.g. the namespace is terminating: the event is dropped
+            self._record_event(obj, type_, reason, message, component)
+
+    def _record_event(self, obj: Obj, type_: str, reason: str, message: str, component: str) -> None:
         meta = obj["metadata"]
         namespace = meta.get("namespace") or "default"
         events = self._t("", "v1", "events")
@@ -1113,11 +1126,23 @@ class FakeKubelet:
 
     async def _terminate(self, pod: Obj, runs: list[ContainerRun]) -> None:
         """SIGTERM, wait out the grace period, SIGKILL; then the Pod object goes (its DELETED event)."""
+        uid, namespace, name = pod["metadata"]["uid"], pod["metadata"]["namespace"], pod["metadata"]["name"]
         grace = int(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+
+        def remaining() -> float:
+            # A second delete may shorten the grace period; a forced delete (the object is gone) ends it.
+            current = self._current(uid, namespace, name)
+            if current is None:
+                return 0.0
+            return began + int(current["metadata"].get("deletionGracePeriodSeconds") or 0) - loop.time()
+
         running = [r for r in runs if r.process is not None and r.process.returncode is None]
         for run in running:
             self.record_event(pod, "Normal", "Killing", f"Stopping container {run.name}", "kubelet")
-        await asyncio.gather(*(self._kill(run, grace=grace) for run in running))
+        wake = self._wakeups.get(uid)
+        await asyncio.gather(*(self._kill(run, grace=grace, remaining=remaining, wake=wake) for run in running))
         for run in running:
             await self._collect_exit(pod, run)
         now = format_time(self.store.now())
@@ -1140,17 +1165,36 @@ class FakeKubelet:
         if current is not None and not current["metadata"].get("finalizers"):
             self.store.remove(self._t("", "v1", "pods"), pod["metadata"]["namespace"], pod["metadata"]["name"])
 
-    async def _kill(self, run: ContainerRun, *, grace: float) -> None:
+    async def _kill(
+        self,
+        run: ContainerRun,
+        *,
+        grace: float,
+        remaining: Callable[[], float] | None = None,
+        wake: asyncio.Event | None = None,
+    ) -> None:
+        """SIGTERM, then SIGKILL once `remaining()` (default: the grace period) runs out, re-checked on `wake`."""
         proc = run.process
         if proc is None or proc.returncode is not None:
             if proc is not None:
                 _LIVE_PROCESSES.discard(proc)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=grace if grace > 0 else 5)
-        except TimeoutError:
+        while grace > 0 and proc.returncode is None:
+            left = remaining() if remaining is not None else deadline - loop.time()
+            if left <= 0:
+                break
+            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(proc.wait())]
+            if wake is not None:
+                wake.clear()
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            _done, pending = await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            for future in pending:
+                future.cancel()
+        if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()

@@ -804,7 +804,10 @@ class Store:
     # ------------------------------------------------------------------------------------------- delete
 
     def _awaits_kubelet(self, rt: ResourceType, obj: Obj) -> bool:
-        """A pod bound to a node stays (Terminating) until the kubelet has stopped it."""
+        """A pod bound to a node stays (Terminating) until the kubelet has stopped it; a namespace stays until
+        the namespace sweep has emptied it (its `spec.finalizers: [kubernetes]`)."""
+        if rt.key == ("", "namespaces"):
+            return True
         return (
             rt.key == ("", "pods")
             and bool((obj.get("spec") or {}).get("nodeName"))

@@ -34,6 +34,8 @@ class Service:
 class System:
     services: dict[str, Service] = field(default_factory=dict)
     http: aiohttp.ClientSession | None = None
+    # how to start each service again (``start_service``): its kind and settings
+    recipes: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
     def url(self, name: str) -> str:
         return self.services[name].url
@@ -42,6 +44,11 @@ class System:
         service = self.services[name]
         service.stop.set()
         await asyncio.wait_for(service.task, timeout=30)
+
+    async def start_service(self, name: str, kind: str | None = None, **overrides: Any) -> Service:
+        """Start ``name`` again (after ``stop_service``), or another instance of ``kind`` under a new ``name``."""
+        base_kind, settings = self.recipes[name] if name in self.recipes else self.recipes[kind or name]
+        return await _start(self, name, kind or base_kind, {**settings, **overrides})
 
     async def put_model(self, manifest: dict[str, Any]) -> dict[str, Any]:
         assert self.http is not None
@@ -87,15 +94,10 @@ async def _ready(url: str, task: asyncio.Task[None], limit: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def running_system(
-    *,
-    database_url: str,
-    nats_url: str,
-    state_dir: Path,
-    services: tuple[str, ...] = ("scheduler", "actuator", "proxy"),
-    **overrides: Any,
-) -> AsyncIterator[System]:
+Factory = tuple[str, Callable[..., Any], Callable[[Any, asyncio.Event], Coroutine[Any, Any, None]]]
+
+
+def _factories() -> dict[str, Factory]:
     from flexinfer_actuator.main import serve as serve_actuator
     from flexinfer_actuator.settings import ActuatorSettings
     from flexinfer_proxy.main import serve as serve_proxy
@@ -103,28 +105,56 @@ async def running_system(
     from flexinfer_scheduler.main import serve as serve_scheduler
     from flexinfer_scheduler.settings import SchedulerSettings
 
-    common = {"nats_url": nats_url, "database_url": database_url, "bind_host": "127.0.0.1", **TIMINGS, **overrides}
-    factories: dict[str, tuple[str, Callable[..., Any], Callable[[Any, asyncio.Event], Coroutine[Any, Any, None]]]] = {
+    return {
         "scheduler": ("scheduler_port", SchedulerSettings, serve_scheduler),
         "actuator": ("actuator_port", ActuatorSettings, serve_actuator),
         "proxy": ("proxy_port", ProxySettings, serve_proxy),
     }
+
+
+async def _start(system: System, name: str, kind: str, values: dict[str, Any]) -> Service:
+    port_field, settings_cls, serve = _factories()[kind]
+    port = free_port()
+    fields = getattr(settings_cls, "model_fields", {})
+    settings = settings_cls(**{k: v for k, v in {**values, port_field: port}.items() if k in fields})
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop), name=f"service:{name}")
+    system.services[name] = Service(name, port, task, stop)
+    system.recipes[name] = (kind, values)
+    await _ready(system.url(name), task)
+    return system.services[name]
+
+
+# Kubernetes mode in tests: leader election on a few seconds' lease, so a takeover is quick.
+KUBERNETES_TIMINGS = {"leader_lease_duration": 3, "leader_renew_deadline": 2, "leader_retry_period": 0.3}
+
+
+@contextlib.asynccontextmanager
+async def running_system(
+    *,
+    database_url: str,
+    nats_url: str,
+    state_dir: Path,
+    services: tuple[str, ...] = ("scheduler", "actuator", "proxy"),
+    kubeconfig: Path | None = None,
+    **overrides: Any,
+) -> AsyncIterator[System]:
+    """The services in-process. With ``kubeconfig`` the actuator runs its ``kubernetes`` back-end against that
+    cluster (the API emulator of tests/support/kube)."""
+    common = {"nats_url": nats_url, "database_url": database_url, "bind_host": "127.0.0.1", **TIMINGS}
+    if kubeconfig is not None:
+        common.update(KUBERNETES_TIMINGS, actuator="kubernetes", kubeconfig=str(kubeconfig))
+    common.update(overrides)
     system = System()
     try:
         for name in services:
-            port_field, settings_cls, serve = factories[name]
-            port = free_port()
-            extra: dict[str, Any] = {port_field: port}
+            extra: dict[str, Any] = {}
             if name == "actuator":
                 extra["state_dir"] = state_dir
+                extra["instance_id"] = "actuator-test"
             if name == "proxy":
                 extra["instance_id"] = "proxy-test"
-            fields = getattr(settings_cls, "model_fields", {})
-            settings = settings_cls(**{k: v for k, v in {**common, **extra}.items() if k in fields})
-            stop = asyncio.Event()
-            task = asyncio.create_task(serve(settings, stop), name=f"service:{name}")
-            system.services[name] = Service(name, port, task, stop)
-            await _ready(system.url(name), task)
+            await _start(system, name, name, {**common, **extra})
         system.http = aiohttp.ClientSession()
         yield system
     finally:

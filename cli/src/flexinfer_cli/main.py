@@ -136,10 +136,24 @@ def up(
     ready_timeout: Annotated[
         float, typer.Option("--ready-timeout", help="Seconds to wait for every service to be ready.")
     ] = 60.0,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            exists=True,
+            dir_okay=False,
+            help="Kubernetes mode: run the control plane here against the cluster of this kubeconfig "
+            "(models are the cluster's Model resources and run as its Deployments).",
+        ),
+    ] = None,
+    context: Annotated[
+        str, typer.Option("--context", help="With --kubeconfig: a context other than the current.")
+    ] = "",
 ) -> None:
     """Run the whole system on this machine: NATS, Postgres, the services and the models in FILE.
 
     Uses FLEXINFER_NATS_URL / FLEXINFER_DATABASE_URL when set, else embedded servers in --state-dir.
+    With --kubeconfig the actuator drives that cluster instead of local processes.
     Ctrl-C stops everything it started (twice: kill at once).
     """
     from flexinfer_cli.up import UpOptions, run_up
@@ -148,7 +162,10 @@ def up(
     level = os.environ.get("FLEXINFER_LOG_LEVEL", "INFO").upper()
     configure_logging("flexinfer-up", level if level in {"DEBUG", "INFO", "WARNING", "ERROR"} else "INFO")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin otherwise
-    code = run(run_up(UpOptions(files=file, state_dir=state_dir, ready_timeout=ready_timeout)))
+    options = UpOptions(
+        files=file, state_dir=state_dir, ready_timeout=ready_timeout, kubeconfig=kubeconfig, kube_context=context
+    )
+    code = run(run_up(options))
     raise typer.Exit(code)
 
 

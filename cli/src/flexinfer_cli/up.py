@@ -67,6 +67,10 @@ class UpOptions:
     commands: Mapping[Service, Sequence[str]] | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     out: TextIO | None = None  # where the banner goes (stdout)
+    # Kubernetes mode: the control plane runs here, the models are Deployments of the cluster this kubeconfig
+    # (and context) reaches; Models and GPUGroups are read from the cluster.
+    kubeconfig: Path | None = None
+    kube_context: str = ""
 
 
 def _connect_host(bind_host: str) -> str:
@@ -113,13 +117,27 @@ def resolve_ports(env: Mapping[str, str], bind_host: str) -> dict[Service, int]:
 
 
 def service_env(
-    base: Mapping[str, str], *, nats_url: str, database_url: str, state_dir: Path, ports: Mapping[Service, int]
+    base: Mapping[str, str],
+    *,
+    nats_url: str,
+    database_url: str,
+    state_dir: Path,
+    ports: Mapping[Service, int],
+    kubeconfig: Path | None = None,
+    kube_context: str = "",
 ) -> dict[str, str]:
-    """The environment every service gets: ours, plus where NATS and Postgres are, local mode, and its port."""
+    """The environment every service gets: ours, plus where NATS and Postgres are, the actuator's back-end (local
+    processes, or the cluster of ``kubeconfig``), and its port."""
     env = dict(base)
     env["FLEXINFER_NATS_URL"] = nats_url
     env["FLEXINFER_DATABASE_URL"] = database_url
-    env["FLEXINFER_ACTUATOR"] = "local"
+    if kubeconfig is not None:
+        env["FLEXINFER_ACTUATOR"] = "kubernetes"
+        env["FLEXINFER_KUBECONFIG"] = str(kubeconfig.absolute())
+        if kube_context:
+            env["FLEXINFER_KUBE_CONTEXT"] = kube_context
+    else:
+        env["FLEXINFER_ACTUATOR"] = "local"
     env["FLEXINFER_STATE_DIR"] = str(state_dir.absolute())
     env.setdefault("FLEXINFER_BIND_HOST", "127.0.0.1")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -192,6 +210,11 @@ class Up:
 
     async def run(self) -> int:
         """Run until signalled; return the exit code (0 after a requested stop). Raises CliError on failure."""
+        if self.options.kubeconfig is not None and self.options.files:
+            raise SettingsProblem(
+                "with --kubeconfig the models come from the cluster: apply them with `kubectl apply -f FILE`, "
+                "not `flexinfer up -f FILE`"
+            )
         resources = read_manifests(self.options.files)  # ManifestFileError (exit 2) before anything starts
         namespace = default_namespace(self.env)
         plan = plan_apply(resources, default_namespace=namespace)
@@ -275,7 +298,15 @@ class Up:
     # -- services -------------------------------------------------------------------------------------
 
     def _supervisor(self, nats_url: str, database_url: str, ports: Mapping[Service, int]) -> Supervisor:
-        env = service_env(self.env, nats_url=nats_url, database_url=database_url, state_dir=self.state_dir, ports=ports)
+        env = service_env(
+            self.env,
+            nats_url=nats_url,
+            database_url=database_url,
+            state_dir=self.state_dir,
+            ports=ports,
+            kubeconfig=self.options.kubeconfig,
+            kube_context=self.options.kube_context,
+        )
         commands = self.options.commands or {
             service: (sys.executable, "-m", module) for service, module in MODULES.items()
         }

@@ -19,10 +19,21 @@ from flexinfer_actuator.loop import Actuator, StatusPublisher
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock
-from flexinfer_common.kube.client import DEPLOYMENTS, GPUGROUPS, MODELS, PODS, SERVICES, KubeClient, own_namespace
-from flexinfer_common.kube.informer import Informer
+from flexinfer_common.enums import SharedState
+from flexinfer_common.kube.client import (
+    DEPLOYMENTS,
+    GPUGROUPS,
+    MODELS,
+    PODS,
+    SERVICES,
+    KubeClient,
+    Object,
+    own_namespace,
+)
+from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.kube.leader import LeaderElector
 from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import ModelStatus, RuntimeSpec
 from flexinfer_common.metrics import ACTUATOR_LEADER
 
 log = get_logger("flexinfer.actuator.kubernetes")
@@ -175,6 +186,28 @@ class KubernetesMode:
             events=events,
             clock=self.clock,
         )
+
+        def keep_parked(namespace: str, name: str, status: ModelStatus) -> None:
+            obj = models.get(namespace, name)
+            if obj is None or status.shared_group.state is SharedState.ACTIVE:
+                return  # gone, or about to be activated: its command will come
+            spec = obj.get("spec") or {}
+            scaler.adopt_parked(
+                RuntimeSpec(
+                    namespace=namespace,
+                    name=name,
+                    deployment=str(spec.get("deployment") or name),
+                    port=(spec.get("endpoint") or {}).get("port"),
+                )
+            )
+
+        status_writer.on_model_status.append(keep_parked)
+
+        def forget_deleted(event: str, obj: Object) -> None:
+            if event == DELETED:
+                scaler.forget(*object_key(obj))
+
+        models.on_change(forget_deleted)
         actuator = Actuator(
             bus=self.bus,
             scaler=scaler,

@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 
+from flexinfer_actuator import __version__
 from flexinfer_actuator.adapters.local import LocalProcessScaler
 from flexinfer_actuator.api import build_app
 from flexinfer_actuator.kubernetes_mode import KubernetesMode
@@ -34,10 +35,11 @@ def instance_id(settings: ActuatorSettings) -> str:
     return settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def connect_kubernetes(settings: ActuatorSettings) -> KubeClient:
+def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeClient:
     """The Kubernetes API client, or SettingsError naming what is wrong with the configuration."""
+    agent = f"flexinfer-actuator/{__version__}" + (f" ({instance})" if instance else "")
     try:
-        return KubeClient.connect(kubeconfig=settings.kubeconfig, context=settings.kube_context)
+        return KubeClient.connect(kubeconfig=settings.kubeconfig, context=settings.kube_context, user_agent=agent)
     except Exception as exc:
         where = describe_target(settings.kubeconfig, settings.kube_context)
         raise SettingsError(
@@ -49,7 +51,7 @@ def connect_kubernetes(settings: ActuatorSettings) -> KubeClient:
 async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
     instance = instance_id(settings)
     clock = SystemClock()
-    kube = connect_kubernetes(settings) if settings.actuator is ActuatorKind.KUBERNETES else None
+    kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
     bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}")
     await bus.connect()
     try:

@@ -153,7 +153,9 @@ class KubeClient:
         self._timeout = timeout
 
     @classmethod
-    def connect(cls, *, kubeconfig: str = "", context: str = "", threads: int = 16) -> KubeClient:
+    def connect(
+        cls, *, kubeconfig: str = "", context: str = "", threads: int = 16, user_agent: str = ""
+    ) -> KubeClient:
         """In-cluster configuration when running in a pod with no kubeconfig given; else the kubeconfig (``kubeconfig``,
         else ``$KUBECONFIG``, else ``~/.kube/config``), its current context unless ``context`` names another."""
         configuration = k8s.Configuration()
@@ -168,7 +170,10 @@ class KubeClient:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         # One connection per request thread and per watch.
         configuration.connection_pool_maxsize = threads + 16
-        return cls(k8s.ApiClient(configuration), threads=threads)
+        api = k8s.ApiClient(configuration)
+        if user_agent:  # who made a call, in the API server's audit log
+            api.user_agent = user_agent
+        return cls(api, threads=threads)
 
     @property
     def host(self) -> str:

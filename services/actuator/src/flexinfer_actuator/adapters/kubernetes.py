@@ -150,6 +150,28 @@ class KubernetesScaler:
             parked = model.parked
         await parked.wait()
 
+    def adopt_parked(self, spec: RuntimeSpec) -> None:
+        """A model the scheduler shows as not holding the GPU, and that this back-end has no command for (it was
+        never started, or this actuator just took over): its Deployment is kept at zero like any parked model's,
+        so a Deployment created with replicas 1, or scaled up by hand, cannot put a second model on the GPU.
+        A command for it (generation 1 and up) replaces this; a report made meanwhile answers generation 0."""
+        key = (spec.namespace, spec.name)
+        model = self._models.get(key)
+        if model is not None and model.generation > 0:
+            return
+        if model is None:
+            model = self._models[key] = _Model(spec, Want.PARK, 0, self._monotonic())
+            model.reported = (RuntimePhase.PARKED, None, "")  # nothing to say while it is parked
+        model.spec = spec
+        self._ensure_started()
+        self._mark(key)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The Model is gone: its Deployment is no longer ours to keep parked."""
+        model = self._models.get((namespace, name))
+        if model is not None and model.generation == 0:
+            del self._models[(namespace, name)]
+
     def snapshot(self) -> list[ProcessInfo]:
         rows = []
         for model in self._models.values():

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -91,6 +92,8 @@ class StatusWriter:
         self._task: asyncio.Task[None] | None = None
         self._consumers: list[Consumer[Any]] = []
         self.writes = 0
+        # Told of every model status the scheduler publishes (the Kubernetes back-end keeps idle models parked).
+        self.on_model_status: list[Callable[[str, str, ModelStatus], None]] = []
         models.on_change(lambda _, obj: self._mark(("model", *object_key(obj))))
         groups.on_change(lambda _, obj: self._mark(("group", "", object_key(obj)[1])))
         services.on_change(self._service_changed)
@@ -140,6 +143,8 @@ class StatusWriter:
         if isinstance(message, ModelStatusUpdate):
             self.model_statuses[(message.namespace, message.model)] = message.status
             self._mark(("model", message.namespace, message.model))
+            for callback in self.on_model_status:
+                callback(message.namespace, message.model, message.status)
         else:
             self.group_statuses[message.group] = message
             self._mark(("group", "", message.group))

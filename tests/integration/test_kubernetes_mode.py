@@ -1,0 +1,388 @@
+"""Kubernetes mode on real NATS and Postgres against the API emulator: the actuator's ``kubernetes`` back-end
+watches Models, scales their Deployments, and writes status back; requests go through the real proxy to the fake
+model servers the fake kubelet runs on their own Pod IPs."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube import KubeCluster, Reason
+from tests.support.kube.store import PatchType
+from tests.support.kube_models import PodsRecorder, add_model, create, model_deployment, model_resource
+from tests.support.system import System, running_system
+
+pytestmark = pytest.mark.integration
+
+
+async def chat(system: System, model: str, text: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    assert system.http is not None
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+def status_of(kube: KubeCluster, name: str) -> dict[str, Any]:
+    obj = kube.get("Model", name)
+    return (obj or {}).get("status") or {}
+
+
+def condition(kube: KubeCluster, name: str, kind: str) -> str | None:
+    for c in status_of(kube, name).get("conditions", []):
+        if c["type"] == kind:
+            return str(c["status"])
+    return None
+
+
+async def test_a_request_for_the_parked_model_swaps_the_deployments(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    recorder = PodsRecorder(kube, {"a", "b"})
+    with recorder.watching():
+        await add_model(kube, "a", priority=10)
+        await add_model(kube, "b", priority=10)
+        async with running_system(
+            database_url=database_url,
+            nats_url=clean_nats,
+            state_dir=tmp_path,
+            kubeconfig=kube.kubeconfig,
+            shared_demand_window=1.5,
+        ) as system:
+            # a wins the fallback election (same priority, alphabetical): its Deployment is scaled up.
+            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
+            await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
+            status, body, _ = await chat(system, "a", "hello")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
+
+            results = await asyncio.gather(*(chat(system, "b", f"req-{i}") for i in range(3)))
+            for i, (status, body, headers) in enumerate(results):
+                assert status == 200, body
+                assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
+                assert headers.get("X-FlexInfer-Cold-Start") == "true"
+
+            await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Preempted", message="a Preempted")
+            a, b = status_of(kube, "a"), status_of(kube, "b")
+            assert b["phase"] == "Ready" and b["sharedGroup"]["state"] == "Active"
+            assert a["preemptedBy"] == "b" and a["sharedGroup"]["state"] == "Parked"
+            assert condition(kube, "b", "Ready") == "True" and condition(kube, "a", "Active") == "False"
+            assert kube.get("deployments", "a")["spec"]["replicas"] == 0
+            assert kube.get("deployments", "b")["spec"]["replicas"] == 1
+    recorder.assert_never_two()
+    assert recorder.seen[-1] == frozenset({"b"})
+    # The only writes to Deployments went through the scale subresource.
+    ours = [c for c in kube.calls(resource="deployments") if c.user_agent.startswith("flexinfer-actuator")]
+    writes = [c for c in ours if c.verb in ("patch", "update", "create", "delete")]
+    assert writes and all(c.subresource == "scale" and c.verb == "patch" for c in writes)
+
+
+async def scheduler_models(system: System) -> set[str]:
+    return {m["metadata"]["name"] for m in (await system.get("scheduler", "/api/v1/models"))["items"]}
+
+
+async def eventually(predicate: Any, *, within: float = 15.0, message: str = "condition") -> Any:
+    """Poll an async predicate (for state outside the cluster: the scheduler's database)."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                result = await predicate()
+                if result:
+                    return result
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within} s waiting for {message}") from None
+
+
+def events_for(kube: KubeCluster, name: str, reason: str | None = None) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in kube.list("events")
+        if e.get("involvedObject", {}).get("name") == name
+        and e.get("involvedObject", {}).get("kind") == "Model"
+        and (reason is None or e.get("reason") == reason)
+    ]
+
+
+async def test_status_conflicts_are_retried_with_a_fresh_read(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    await add_model(kube, "a")
+    conflicts = kube.inject_conflicts(3, resource="models", subresource="status")
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+    ):
+        await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready in its status")
+    assert conflicts.remaining == 0
+    rereads = kube.calls(verb="get", resource="models", name="a")
+    assert rereads, "a 409 must be followed by a fresh read"
+    status = status_of(kube, "a")
+    assert status["observedGeneration"] == kube.get("Model", "a")["metadata"]["generation"]
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "Active"}
+
+
+async def test_spec_changes_made_while_the_api_server_was_away_are_not_lost(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    await add_model(kube, "a")
+    await add_model(kube, "b")
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+    ) as system:
+        await eventually(lambda: _has(system, {"a", "b"}), message="a and b reach the scheduler")
+        async with kube.unreachable():
+            # Changes nobody can watch: c created, b deleted, a's priority changed; the history is compacted, so a
+            # watch resuming from its last resourceVersion gets 410 Gone and must list again.
+            rt = kube.resource("Model")
+            kube.store.create(rt, "default", model_resource("c", priority=3))
+            kube.store.delete(rt, "default", "b")
+            kube.store.patch(rt, "default", "a", PatchType.MERGE, {"spec": {"gpu": {"priority": 42}}})
+            kube.compact()
+        await eventually(lambda: _has(system, {"a", "c"}), message="c added and b removed after the resync")
+        a = await system.get("scheduler", "/api/v1/models/default/a")
+        assert a["spec"]["gpu"]["priority"] == 42
+        # and a watch that simply expires resumes without a relist
+        kube.expire_watches()
+        await create(kube, model_deployment("d"))
+        await create(kube, model_resource("d"))
+        await eventually(lambda: _has(system, {"a", "c", "d"}), message="d reaches the scheduler after the expiry")
+
+
+async def _has(system: System, names: set[str]) -> bool:
+    return await scheduler_models(system) == names
+
+
+async def test_an_invalid_model_gets_a_message_and_an_event_and_the_others_go_on(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    # An older CRD that does not validate the spec (as after a partial upgrade): the actuator must judge it itself.
+    crd = kube.get("customresourcedefinitions.apiextensions.k8s.io", "models.ai.flexinfer")
+    assert crd is not None
+    version = crd["spec"]["versions"][0]
+    version["schema"]["openAPIV3Schema"]["properties"]["spec"] = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    status, body = await kube.request(
+        "PUT", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/models.ai.flexinfer", crd
+    )
+    assert status == 200, body
+    await add_model(kube, "good")
+    bad = model_resource("bad")
+    bad["spec"]["gpu"]["priority"] = "very high"
+    await create(kube, bad)
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+    ) as system:
+        await kube.wait_for(lambda: status_of(kube, "good").get("phase") == "Ready", message="good is served")
+        await kube.wait_for(lambda: status_of(kube, "bad").get("message"), message="bad gets a message")
+        bad_status = status_of(kube, "bad")
+        assert "spec.gpu.priority" in bad_status["message"]
+        assert condition(kube, "bad", "Ready") == "False"
+        ready = next(c for c in bad_status["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "InvalidSpec"
+        await kube.wait_for(lambda: events_for(kube, "bad", "InvalidSpec"), message="an InvalidSpec event")
+        (event,) = events_for(kube, "bad", "InvalidSpec")
+        assert event["type"] == "Warning" and "spec.gpu.priority" in event["message"]
+        assert await scheduler_models(system) == {"good"}
+
+        # Fixed: it is handed on and served, and the message goes.
+        rt = kube.resource("Model")
+        kube.store.patch(rt, "default", "bad", PatchType.MERGE, {"spec": {"gpu": {"priority": 1}}})
+        await eventually(lambda: _has(system, {"good", "bad"}), message="the fixed model reaches the scheduler")
+        await kube.wait_for(lambda: "spec.gpu" not in status_of(kube, "bad").get("message", ""), message="cleared")
+
+
+async def test_active_services_annotation_follows_the_active_model(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        await create(
+            kube,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name},
+                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
+            },
+        )
+    await add_model(kube, "a", priority=10, serviceLabels=["chat", "assistant"])
+    await add_model(kube, "b", priority=10, serviceLabels=["chat"])
+
+    def annotation(name: str) -> str | None:
+        service = kube.get("services", name) or {}
+        value = service.get("metadata", {}).get("annotations", {}).get("ai.flexinfer/active-services")
+        return None if value is None else str(value)
+
+    async with running_system(
+        database_url=database_url,
+        nats_url=clean_nats,
+        state_dir=tmp_path,
+        kubeconfig=kube.kubeconfig,
+        shared_demand_window=1.0,
+    ) as system:
+        await kube.wait_for(
+            lambda: (annotation("a"), annotation("b")) == ("chat,assistant", ""), message="a's labels, b empty"
+        )
+        status, _, _ = await chat(system, "b", "hi")
+        assert status == 200
+        await kube.wait_for(lambda: (annotation("a"), annotation("b")) == ("", "chat"), message="swapped")
+        # Someone removes it: it is put back.
+        rt = kube.resource("services")
+        kube.store.patch(
+            rt, "default", "b", PatchType.MERGE, {"metadata": {"annotations": {"ai.flexinfer/active-services": None}}}
+        )
+        await kube.wait_for(lambda: annotation("b") == "chat", message="restored")
+
+
+async def test_gpugroup_status_names_the_active_model_and_the_queue(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    for name in ("x", "y"):
+        await create(kube, model_deployment(name, startup_delay=0.2))
+        await create(kube, model_resource(name, group=None))
+    await create(
+        kube,
+        {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "pair"},
+            "spec": {
+                "models": [{"name": "x", "priority": 10}, {"name": "y", "priority": 20}],
+                # y may take the GPU only after x ran 30 s: meanwhile y waits in the queue.
+                "policy": {"hysteresisWindowSeconds": 0, "requestQueueThreshold": 1, "minimumRunDurationSeconds": 30},
+            },
+        },
+    )
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+    ) as system:
+        group = lambda: (kube.get("GPUGroup", "pair") or {}).get("status") or {}  # noqa: E731
+        status, _, _ = await chat(system, "x", "first")
+        assert status == 200
+        await kube.wait_for(lambda: group().get("activeModel") == "x", message="x holds the GPU")
+        waiting = asyncio.create_task(chat(system, "y", "second"))
+        try:
+            await kube.wait_for(lambda: group().get("queue") == ["y"], message="y queued behind x")
+            assert group()["activeModel"] == "x" and group()["observedGeneration"] == 1
+            members = (await system.get("scheduler", "/api/v1/groups/pair"))["models"]
+            assert {(m["namespace"], m["name"]) for m in members} == {("default", "x"), ("default", "y")}
+            printed = (await kube.kubectl("get", "gpugroups")).check().stdout.splitlines()
+            assert printed[0].split()[:2] == ["NAME", "ACTIVE"] and printed[1].split()[:2] == ["pair", "x"]
+        finally:
+            waiting.cancel()
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        # ErrImagePull and ImagePullBackOff alternate, as on a node
+        pytest.param({"image": "registry.example.com/does-not-exist:1"}, "ImagePull", id="image-pull"),
+        pytest.param(
+            {"command": [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]},
+            "CrashLoopBackOff: container server exited with code 3",
+            id="crash-loop-with-termination-message",
+        ),
+        pytest.param({"node_selector": {"gpu-type": "h100"}}, "Unschedulable", id="unschedulable"),
+    ],
+)
+async def test_a_deployment_that_never_gets_ready_fails_with_the_pods_reason(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path, options: dict[str, Any], reason: str
+) -> None:
+    await create(kube, model_deployment("broken", **options))
+    await create(kube, model_resource("broken"))
+    async with running_system(
+        database_url=database_url,
+        nats_url=clean_nats,
+        state_dir=tmp_path,
+        kubeconfig=kube.kubeconfig,
+        load_timeout=3,
+    ) as system:
+        await kube.wait_for(lambda: status_of(kube, "broken").get("phase") == "Failed", within=30, message="Failed")
+        message = status_of(kube, "broken")["message"]
+        assert "load timeout" in message and reason in message, message
+        if "CrashLoop" in reason:
+            assert "CUDA out of memory" in message
+        assert kube.get("deployments", "broken")["spec"]["replicas"] == 0
+        assert not kube.pods("app=broken"), "Failed is reported only once the pods are gone"
+        await kube.wait_for(lambda: events_for(kube, "broken", "RuntimeFailed"), message="a RuntimeFailed event")
+        # A request for it tries the load again, and fails with the reason instead of waiting out its queue timeout.
+        status, body, _ = await chat(system, "broken", "hi")
+        assert status == 503 and reason.split(":")[0] in body["error"]["message"]
+
+
+async def test_changes_made_by_others_are_judged_like_a_crash(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    recorder = PodsRecorder(kube, {"a", "b"})
+    with recorder.watching():
+        await add_model(kube, "a", priority=10)
+        await add_model(kube, "b", priority=5)
+        async with running_system(
+            database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+        ) as system:
+            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
+            first = kube.ready_pods("app=a")[0]["metadata"]["name"]
+
+            # The seed's "rollout restart deadlock": the active model's pod is replaced; FlexInfer follows it.
+            (await kube.kubectl("rollout", "restart", "deployment/a")).check()
+            await kube.wait_for(
+                lambda: [p for p in kube.ready_pods("app=a") if p["metadata"]["name"] != first],
+                within=30,
+                message="a new pod of a Ready",
+            )
+            await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready again")
+            status, body, _ = await chat(system, "a", "after the restart")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[a] after the restart"
+
+            # Someone scales the parked b up: it is scaled back (a holds the GPU), with a Warning event.
+            (await kube.kubectl("scale", "deployment/b", "--replicas=1")).check()
+            await kube.wait_for(
+                lambda: events_for(kube, "b", "ScaledOutsideFlexInfer"), message="the scale-back event on b"
+            )
+            await kube.wait_for(
+                lambda: kube.get("deployments", "b")["spec"]["replicas"] == 0 and not kube.pods("app=b"),
+                message="b parked again",
+            )
+
+            # Someone scales the active a to zero: like a crash, it is restarted.
+            (await kube.kubectl("scale", "deployment/a", "--replicas=0")).check()
+            await kube.wait_for(lambda: not kube.pods("app=a"), message="a's pods gone")
+            await kube.wait_for(lambda: kube.ready_pods("app=a"), within=30, message="a restarted by FlexInfer")
+            status, _, _ = await chat(system, "a", "after the scale-down")
+            assert status == 200
+    recorder.assert_never_two()
+
+
+async def test_an_actuator_killed_between_parking_and_activating_completes_the_swap(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    recorder = PodsRecorder(kube, {"a", "b"})
+    with recorder.watching():
+        await add_model(kube, "a", priority=10)
+        await add_model(kube, "b", priority=10)
+        async with running_system(
+            database_url=database_url,
+            nats_url=clean_nats,
+            state_dir=tmp_path,
+            kubeconfig=kube.kubeconfig,
+            shared_demand_window=1.0,
+        ) as system:
+            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
+            # b's Deployment cannot be scaled for now: the swap stops between "a parked" and "b activated".
+            blocked = kube.inject_error(
+                10_000, reason=Reason.SERVICE_UNAVAILABLE, resource="deployments", name="b", subresource="scale"
+            )
+            waiting = asyncio.create_task(chat(system, "b", "patience"))
+            await kube.wait_for(lambda: not kube.pods("app=a"), within=30, message="a parked")
+            await kube.wait_for(lambda: blocked.remaining < 10_000, message="b's activation attempted")
+            await system.stop_service("actuator")  # killed mid-swap
+            blocked.remaining = 0
+            assert not kube.pods("app=b")
+            await system.start_service("actuator")
+            status, body, _ = await asyncio.wait_for(waiting, timeout=60)
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[b] patience"
+            await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready")
+    recorder.assert_never_two()

@@ -5,6 +5,7 @@ model servers the fake kubelet runs on their own Pod IPs."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -386,3 +387,155 @@ async def test_an_actuator_killed_between_parking_and_activating_completes_the_s
             assert status == 200 and body["choices"][0]["message"]["content"] == "[b] patience"
             await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready")
     recorder.assert_never_two()
+
+
+def acting_agents(kube: KubeCluster, since: int = 0) -> set[str]:
+    """The actuators (by user agent) that wrote anything but their Lease after request number ``since``."""
+    return {
+        c.user_agent
+        for c in kube.emulator.requests[since:]
+        if c.user_agent.startswith("flexinfer-actuator")
+        and c.verb in ("create", "update", "patch", "delete")
+        and c.resource != "leases"
+    }
+
+
+async def test_two_actuator_replicas_one_acts_and_the_other_takes_over(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    await add_model(kube, "a", priority=10, gpu={"swapCooldown": "1s"})  # swaps back and forth at once
+    await add_model(kube, "b", priority=10, gpu={"swapCooldown": "1s"})
+    async with running_system(
+        database_url=database_url,
+        nats_url=clean_nats,
+        state_dir=tmp_path,
+        kubeconfig=kube.kubeconfig,
+        shared_demand_window=1.0,
+    ) as system:
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
+        await system.start_service("actuator-2", "actuator", instance_id="actuator-two")
+        lease = lambda: (kube.get("leases", "flexinfer-actuator") or {}).get("spec", {})  # noqa: E731
+        assert lease()["holderIdentity"] == "actuator-test"
+        mark = len(kube.emulator.requests)
+        status, _, _ = await chat(system, "b", "one")
+        assert status == 200
+        assert acting_agents(kube, mark) == {"flexinfer-actuator/0.1.0 (actuator-test)"}
+
+        # The leader dies (stopped; it hands the Lease back): the standby acts.
+        await system.stop_service("actuator")
+        await kube.wait_for(lambda: lease().get("holderIdentity") == "actuator-two", message="the standby leads")
+        mark = len(kube.emulator.requests)
+        status, body, _ = await chat(system, "a", "two")
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[a] two"
+        assert acting_agents(kube, mark) == {"flexinfer-actuator/0.1.0 (actuator-two)"}
+        assert lease()["leaseTransitions"] >= 1
+
+
+async def test_a_killed_leader_is_replaced_once_its_lease_lapses_and_serving_goes_on(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    """SIGKILL of the acting replica (a separate process: it cannot hand its Lease back). The standby takes over
+    once the Lease has not moved for its duration, and adopts the running model without restarting it."""
+    await add_model(kube, "a")
+    async with running_system(
+        database_url=database_url,
+        nats_url=clean_nats,
+        state_dir=tmp_path,
+        kubeconfig=kube.kubeconfig,
+        services=("scheduler", "proxy"),
+    ) as system:
+        env = {
+            **os.environ,
+            "FLEXINFER_NATS_URL": clean_nats,
+            "FLEXINFER_ACTUATOR": "kubernetes",
+            "FLEXINFER_KUBECONFIG": str(kube.kubeconfig),
+            "FLEXINFER_ACTUATOR_PORT": "0",
+            "FLEXINFER_BIND_HOST": "127.0.0.1",
+            "FLEXINFER_INSTANCE_ID": "actuator-one",
+            "FLEXINFER_LEADER_LEASE_DURATION": "3s",
+            "FLEXINFER_LEADER_RENEW_DEADLINE": "2s",
+            "FLEXINFER_LEADER_RETRY_PERIOD": "300ms",
+        }
+        log_path = tmp_path / "actuator-one.log"
+        with log_path.open("wb") as log_file:
+            first = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "flexinfer_actuator", env=env, stdout=log_file, stderr=log_file
+            )
+        try:
+            lease = lambda: (kube.get("leases", "flexinfer-actuator") or {}).get("spec", {})  # noqa: E731
+            await kube.wait_for(lambda: lease().get("holderIdentity") == "actuator-one", message="the first leads")
+            await kube.wait_for(lambda: kube.ready_pods("app=a"), within=30, message="a serves")
+            (serving,) = kube.ready_pods("app=a")
+            await system.start_service("actuator", "actuator", instance_id="actuator-two")
+            first.kill()
+            await first.wait()
+            killed_at = asyncio.get_running_loop().time()
+            await kube.wait_for(lambda: lease().get("holderIdentity") == "actuator-two", within=20, message="takeover")
+            took = asyncio.get_running_loop().time() - killed_at
+            assert took >= 2.0, f"took over after {took:.1f}s, before the lease (3 s) could have lapsed"
+            status, body, _ = await chat(system, "a", "still here")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[a] still here"
+            (still,) = kube.ready_pods("app=a")
+            assert still["metadata"]["uid"] == serving["metadata"]["uid"], "the takeover restarted the model"
+        finally:
+            if first.returncode is None:
+                first.kill()
+                await first.wait()
+
+
+async def test_the_seeds_kubectl_columns_move_as_requests_arrive(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    """The seed's Operations Guide, against the manifests a user applies: examples/kubernetes/homelab.yaml."""
+    (await kube.kubectl("apply", "-f", "examples/kubernetes/homelab.yaml")).check()
+    columns = (
+        "custom-columns=NAME:.metadata.name,SHARED:.spec.gpu.shared,PRIORITY:.spec.gpu.priority,"
+        "PHASE:.status.phase,STATE:.status.sharedGroup.state,QUEUE:.status.sharedGroup.queuePosition,"
+        "LAST_ACTIVE:.status.lastActiveTime"
+    )
+
+    async def table() -> dict[str, list[str]]:
+        printed = (await kube.kubectl("get", "models", "-o", columns)).check().stdout.splitlines()
+        assert printed[0].split() == ["NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]
+        return {line.split()[0]: line.split()[1:] for line in printed[1:]}
+
+    before = await table()
+    assert before == {
+        "chat-large": ["homelab-gpu", "100", "<none>", "<none>", "<none>", "<none>"],
+        "chat-small": ["homelab-gpu", "50", "<none>", "<none>", "<none>", "<none>"],
+    }
+    async with running_system(
+        database_url=database_url,
+        nats_url=clean_nats,
+        state_dir=tmp_path,
+        kubeconfig=kube.kubeconfig,
+        shared_demand_window=2.0,
+    ) as system:
+        # Nobody asked yet: the highest priority is loaded as the fallback leader.
+        (await kube.kubectl("wait", "--for=condition=Active", "model/chat-large", "--timeout=30s")).check()
+        (await kube.kubectl("wait", "--for=condition=Ready", "model/chat-large", "--timeout=30s")).check()
+        rows = await table()
+        assert rows["chat-large"][2:4] == ["Ready", "Active"] and rows["chat-large"][5] == "<none>"
+        assert rows["chat-small"][3] == "Parked"
+
+        # chat-small (50) cannot preempt chat-large (100): its request waits, QUEUE 1, LAST_ACTIVE set.
+        waiting = asyncio.create_task(chat(system, "chat-small", "hi"))
+        await kube.wait_for(
+            lambda: status_of(kube, "chat-small").get("sharedGroup", {}).get("queuePosition") == 1,
+            message="chat-small queued",
+        )
+        rows = await table()
+        assert rows["chat-small"][3:5] == ["Queued", "1"] and rows["chat-small"][5] != "<none>"
+        # chat-large would be parked after its 30 s idleTimeout; an operator skips the wait with forcePromotion.
+        promote = '{"spec": {"gpu": {"forcePromotion": true}}}'
+        (await kube.kubectl("patch", "model/chat-small", "--type=merge", "-p", promote)).check()
+        status, body, _ = await asyncio.wait_for(waiting, timeout=60)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[chat-small] hi"
+        (await kube.kubectl("wait", "--for=condition=Active", "model/chat-small", "--timeout=30s")).check()
+        rows = await table()
+        assert rows["chat-small"][2:4] == ["Ready", "Active"]
+        assert rows["chat-large"][2:4] == ["Preempted", "Parked"]
+        described = (await kube.kubectl("describe", "model", "chat-small")).check().stdout
+        assert "SwapStarted" in described and "Activated" in described
+        described = (await kube.kubectl("describe", "model", "chat-large")).check().stdout
+        assert "Preempted" in described

@@ -34,8 +34,9 @@ class Service:
 class System:
     services: dict[str, Service] = field(default_factory=dict)
     http: aiohttp.ClientSession | None = None
-    # how to start each service again (``start_service``): its kind and settings
+    # how to start each service again (``start_service``): its kind and settings; ``common`` for a new one
     recipes: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    common: dict[str, Any] = field(default_factory=dict)
 
     def url(self, name: str) -> str:
         return self.services[name].url
@@ -47,7 +48,10 @@ class System:
 
     async def start_service(self, name: str, kind: str | None = None, **overrides: Any) -> Service:
         """Start ``name`` again (after ``stop_service``), or another instance of ``kind`` under a new ``name``."""
-        base_kind, settings = self.recipes[name] if name in self.recipes else self.recipes[kind or name]
+        if name in self.recipes:
+            base_kind, settings = self.recipes[name]
+        else:
+            base_kind, settings = kind or name, self.common
         return await _start(self, name, kind or base_kind, {**settings, **overrides})
 
     async def put_model(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -144,13 +148,12 @@ async def running_system(
     common = {"nats_url": nats_url, "database_url": database_url, "bind_host": "127.0.0.1", **TIMINGS}
     if kubeconfig is not None:
         common.update(KUBERNETES_TIMINGS, actuator="kubernetes", kubeconfig=str(kubeconfig))
-    common.update(overrides)
-    system = System()
+    common.update(overrides, state_dir=state_dir)
+    system = System(common=common)
     try:
         for name in services:
             extra: dict[str, Any] = {}
             if name == "actuator":
-                extra["state_dir"] = state_dir
                 extra["instance_id"] = "actuator-test"
             if name == "proxy":
                 extra["instance_id"] = "proxy-test"

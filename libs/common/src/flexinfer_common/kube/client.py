@@ -153,9 +153,7 @@ class KubeClient:
         self._timeout = timeout
 
     @classmethod
-    def connect(
-        cls, *, kubeconfig: str = "", context: str = "", threads: int = 16, user_agent: str = ""
-    ) -> KubeClient:
+    def connect(cls, *, kubeconfig: str = "", context: str = "", threads: int = 16, user_agent: str = "") -> KubeClient:
         """In-cluster configuration when running in a pod with no kubeconfig given; else the kubeconfig (``kubeconfig``,
         else ``$KUBECONFIG``, else ``~/.kube/config``), its current context unless ``context`` names another."""
         configuration = k8s.Configuration()

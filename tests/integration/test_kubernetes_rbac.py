@@ -1,0 +1,90 @@
+"""The actuator chart's RBAC is exactly the calls the code makes: a scenario that exercises every path of the
+Kubernetes back-end (spec sync, scaling, readiness, status and its conflicts, GPUGroup status, the active-services
+annotation, Events and their repeats, leader election) runs against the API emulator, and the set of
+(API group, resource, verb) the actuator called is compared with the rules the chart renders, both ways."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_kubernetes_mode import chat, events_for, status_of
+from tests.support.kube import KubeCluster
+from tests.support.kube_models import add_model, create, model_deployment, model_resource
+from tests.support.system import running_system
+from tests.unit.test_charts import CHARTS, render
+
+pytestmark = pytest.mark.integration
+
+Permission = tuple[str, str, str]  # API group, resource[/subresource], verb
+
+
+def chart_permissions() -> set[Permission]:
+    granted: set[Permission] = set()
+    for document in render(CHARTS / "actuator"):
+        if document["kind"] not in ("ClusterRole", "Role"):
+            continue
+        for rule in document["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    return granted
+
+
+async def test_the_chart_grants_exactly_what_the_actuator_calls(
+    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        await create(
+            kube,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name},
+                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
+            },
+        )
+    await add_model(kube, "a", priority=10, serviceLabels=["chat"])
+    await add_model(kube, "b", priority=5)
+    for name in ("x", "y"):
+        await create(kube, model_deployment(name, startup_delay=0.1))
+        await create(kube, model_resource(name, group=None))
+    await create(
+        kube,
+        {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "pair"},
+            "spec": {"models": [{"name": "x"}, {"name": "y"}]},
+        },
+    )
+    kube.inject_conflicts(1, resource="models", subresource="status")
+    kube.inject_conflicts(1, resource="gpugroups", subresource="status")
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+    ) as system:
+        await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready")
+        status, _, _ = await chat(system, "a", "hi")
+        assert status == 200
+        await kube.wait_for(lambda: (kube.get("GPUGroup", "pair") or {}).get("status"), message="group status")
+        # Scaled up by hand twice: the same Warning twice, which is one Event counted twice.
+        for _ in range(2):
+            (await kube.kubectl("scale", "deployment/b", "--replicas=1")).check()
+            await kube.wait_for(lambda: kube.get("deployments", "b")["spec"]["replicas"] == 0, message="scaled back")
+        await kube.wait_for(
+            lambda: [e for e in events_for(kube, "b", "ScaledOutsideFlexInfer") if e.get("count", 1) >= 2],
+            message="the repeated event counted",
+        )
+        await asyncio.sleep(0.5)  # a last renewal of the Lease, status writes in flight
+
+    called = {
+        (c.api_group, c.resource_path, c.verb)
+        for c in kube.calls()
+        if c.user_agent.startswith("flexinfer-actuator") and c.resource
+    }
+    granted = chart_permissions()
+    assert called - granted == set(), f"calls the chart does not allow: {sorted(called - granted)}"
+    assert granted - called == set(), f"rules the code never needs: {sorted(granted - called)}"

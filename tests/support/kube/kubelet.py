@@ -839,7 +839,9 @@ class FakeKubelet:
                 if value is not None:
                     env[entry["name"]] = value
         ports = [p for p in container.get("ports") or [] if p.get("containerPort")]
-        env.setdefault("FAKE_MODEL_HOST", ip)
+        # The Pod's own address always: a container's 0.0.0.0 means its network namespace on a node, but every
+        # "Pod" here shares the host's, and a wildcard bind would answer for every other Pod's IP on that port.
+        env["FAKE_MODEL_HOST"] = ip
         if ports:
             env.setdefault("FAKE_MODEL_PORT", str(ports[0]["containerPort"]))
         return env

@@ -59,7 +59,7 @@ class CommonSettings(BaseSettings):
     lease_refresh_interval: Duration = timedelta(seconds=30)
     activity_report_interval: Duration = timedelta(seconds=1)
     park_grace_period: Duration = timedelta(seconds=10)
-    readiness_probe_interval: Duration = timedelta(milliseconds=200)
+    readiness_probe_interval: Duration = timedelta(milliseconds=50)
     load_timeout: Duration = timedelta(minutes=10)
 
     @field_validator("admin_token", mode="before")

@@ -32,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from aiohttp import web
@@ -82,6 +83,7 @@ class FakeModelState:
     requests: int = 0
     in_flight: int = 0
     started_at: int = field(default_factory=lambda: int(time.time()))
+    loaded_at: float | None = None  # epoch seconds
     load_done: asyncio.Event = field(default_factory=asyncio.Event)
     sleep_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -291,8 +293,23 @@ async def stats(request: web.Request) -> web.Response:
             "in_flight": state.in_flight,
             "pid": os.getpid(),
             "status": state.status,
+            # when the process was created and when it finished loading (epoch seconds): its own spawn-to-healthy
+            # time, which the swap benchmark subtracts from a cold request's time to tell what orchestration cost
+            "process_started_at": _process_started_at(),
+            "loaded_at": state.loaded_at,
         }
     )
+
+
+def _process_started_at() -> float | None:
+    """This process's creation time (Linux: /proc, to the kernel's clock tick), else None."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # both count from boot, to the clock tick
+        return time.time() - age
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -575,6 +592,7 @@ async def _load(state: FakeModelState) -> None:
         _log(logging.ERROR, "load failed", model=cfg.model)
     else:
         state.loaded = True
+        state.loaded_at = time.time()
         _log(logging.INFO, "model loaded", model=cfg.model)
     state.load_done.set()
 

@@ -250,11 +250,13 @@ class KubernetesScaler:
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
             due = dirty | {key for key, m in self._models.items() if self._loading(m)}
+            busy = False
             for key in due:
                 model = self._models.get(key)
                 if model is None or model.lock.locked():
                     if model is not None:
-                        self._dirty.add(key)  # a command is being applied: judge again after it
+                        self._dirty.add(key)  # a command is being applied: judge again right after it
+                        busy = True
                     continue
                 try:
                     async with model.lock:
@@ -262,6 +264,9 @@ class KubernetesScaler:
                 except Exception:
                     log.exception("could not judge a model; trying again", extra=model.where)
                     self._dirty.add(key)
+            if busy:
+                await asyncio.sleep(0.01)
+                self._wake.set()
 
     @staticmethod
     def _loading(model: _Model) -> bool:

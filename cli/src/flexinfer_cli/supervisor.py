@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 INITIAL_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
@@ -295,3 +296,83 @@ def _kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (each service is a session leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+class EmbeddedServer(Protocol):
+    """What :class:`EmbeddedWatch` needs of ``flexinfer_common.embedded``'s servers."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def restart(self) -> str: ...
+
+
+class EmbeddedWatch:
+    """Keeps an embedded server (NATS, PostgreSQL) running like a service: when its process dies, restart it on
+    the same port after :func:`next_backoff`'s delay, logged the same way. The server starts and restarts in a
+    thread (its start blocks until it answers)."""
+
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        *,
+        name: str,
+        poll_interval: float = 0.2,
+        initial_backoff: float = INITIAL_BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
+        reset_after: float = RESET_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.server = server
+        self.name = f"embedded {name}"
+        self.poll_interval = poll_interval
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.reset_after = reset_after
+        self._clock = clock
+        self._log = logger or log
+        self.stopping = False
+        self.restarts: list[Restart] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name=f"supervise:{self.name}")
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(self) -> None:
+        backoff, started_at = 0.0, self._clock()
+        while not self.stopping:
+            if self.server.pid is not None:
+                await asyncio.sleep(self.poll_interval)
+                continue
+            uptime = self._clock() - started_at
+            backoff = next_backoff(
+                backoff, uptime, initial=self.initial_backoff, maximum=self.max_backoff, reset_after=self.reset_after
+            )
+            self.restarts.append(Restart(service=self.name, returncode=None, uptime=uptime, delay=backoff))
+            self._log.warning(
+                "%s exited unexpectedly after %.1f s; restarting in %.1f s",
+                self.name,
+                uptime,
+                backoff,
+                extra={"child": self.name, "uptime_seconds": round(uptime, 3), "restart_in_seconds": backoff},
+            )
+            await asyncio.sleep(backoff)
+            if self.stopping:
+                return
+            started_at = self._clock()
+            try:
+                await asyncio.to_thread(self.server.restart)
+            except Exception as exc:
+                self._log.error(
+                    "cannot restart %s: %s", self.name, exc, extra={"child": self.name, "error": str(exc)[:500]}
+                )
+                continue
+            self._log.info("%s restarted", self.name, extra={"child": self.name, "pid": self.server.pid})

@@ -312,8 +312,12 @@ class Bus:
             return await self.js.create_key_value(bucket=subjects.ROUTES_BUCKET, history=1)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
-        """Publish to JetStream and wait for the store's ack (at-least-once)."""
-        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        """Publish to JetStream and wait for the store's ack (at-least-once). ``msg_id`` (from
+        :func:`~flexinfer_common.messages.message_id`) is given by a caller that may retry this publish; without
+        one, the message gets a fresh id of its own."""
+        from flexinfer_common.messages import message_id
+
+        headers = {"Nats-Msg-Id": msg_id or message_id(self.name)}
         await self.js.publish(subject, message.model_dump_json(by_alias=True).encode(), headers=headers)
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:

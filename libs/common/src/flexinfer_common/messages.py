@@ -26,6 +26,14 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def message_id(origin: str) -> str:
+    """The one message-id scheme (JetStream's ``Nats-Msg-Id``, the scheduler's processed-message table):
+    ``<origin>:<128 random bits>``. Unique for every message, also across restarts of the same ``origin`` (an
+    instance id that survives a restart, such as a pod name, must not make new messages look like old ones).
+    Make one per message and pass the same id again only when retrying that same publish."""
+    return f"{origin}:{uuid.uuid4().hex}"
+
+
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 

@@ -81,7 +81,7 @@ def test_local_commands_is_a_comma_separated_list_replacing_the_default(monkeypa
     monkeypatch.setenv("FLEXINFER_LOCAL_COMMANDS", "vllm, /opt/llama/llama-server,,")
     assert load_settings(CommonSettings).local_commands == ("vllm", "/opt/llama/llama-server")
     monkeypatch.setenv("FLEXINFER_LOCAL_COMMANDS", "bin/serve")
-    with pytest.raises(SettingsError, match="FLEXINFER_LOCAL_COMMANDS: .*'bin/serve'"):
+    with pytest.raises(SettingsError, match=r"FLEXINFER_LOCAL_COMMANDS: .*'bin/serve'"):
         load_settings(CommonSettings)
 
 

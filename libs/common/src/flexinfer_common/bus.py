@@ -84,12 +84,19 @@ class Delivery:
     num_delivered: int
 
 
+def load_json(data: bytes) -> Any:
+    """Parse a message body as JSON; BadMessage for anything that is not (bad bytes, nesting too deep)."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise BadMessage(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise BadMessage("not JSON this service accepts: nested too deeply") from None
+
+
 def decode_json(schema: type[M], subject: str, data: bytes) -> M:
     """Decode a message body; raise BadMessage with a readable reason."""
-    try:
-        raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMessage(f"not JSON: {exc}") from None
+    raw = load_json(data)
     if not isinstance(raw, dict):
         raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
     try:
@@ -212,7 +219,7 @@ class Consumer(Generic[M]):
         )
         try:
             message = self.decode(msg.subject, msg.data)
-        except BadMessage as exc:
+        except Exception as exc:  # BadMessage, or a decoder bug: either way this message is rejected, not fatal
             BAD_MESSAGES.labels(subject=self.filter_subject).inc()
             log.warning(
                 "rejected malformed message",
@@ -372,10 +379,7 @@ def decode_demand(subject: str, data: bytes) -> Any:
     from flexinfer_common.messages import Demand
 
     tokens = subjects.split_model_subject(subject, subjects.DEMAND_PREFIX)
-    try:
-        raw = json.loads(data) if data.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMessage(f"not JSON: {exc}") from None
+    raw = load_json(data) if data.strip() else {}
     if not isinstance(raw, dict):
         raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
     if tokens is not None:

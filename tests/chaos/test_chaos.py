@@ -369,10 +369,12 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
             healed_at = time.monotonic()
             traffic_seconds = healed_at - t0
 
-            # Convergence: the final requests ask for one model; the group must make it the leader.
-            final = rng.choice(MODELS)
-            final_outcome = await send(http, proxies, REQUESTS, final)
+            # Convergence: the final request asks for a model that is not the leader; the group must swap to it.
             headers = {"Authorization": f"Bearer {chaos.token}"}
+            async with http.get(chaos.url("scheduler") + f"/api/v1/groups/{GROUP}", headers=headers) as r:
+                before = ((await r.json()).get("activeModel") or {}).get("name")
+            final = rng.choice([m for m in MODELS if m != before])
+            final_outcome = await send(http, proxies, REQUESTS, final)
             while True:
                 async with http.get(chaos.url("scheduler") + f"/api/v1/groups/{GROUP}", headers=headers) as r:
                     group = await r.json()

@@ -9,6 +9,7 @@ check-jsonschema vendors.
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 import importlib.resources
@@ -241,14 +242,19 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
     assert env["FLEXINFER_NATS_URL"]["value"] == "nats://nats:4222"
     assert env["FLEXINFER_NAMESPACE"]["value"] == NAMESPACE
     assert env["FLEXINFER_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert "FLEXINFER_ADMIN_TOKEN" not in env
+    # The pod listens on its own address, so it always has a token: with none given, one the chart generated.
+    assert env["FLEXINFER_BIND_HOST"]["value"] == "0.0.0.0"
+    token = env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    secret = release_secret(documents)
+    assert token == {"name": secret["metadata"]["name"], "key": "admin-token"}
+    assert len(base64.b64decode(secret["data"]["admin-token"])) == 40
     if needs_database:
         ref = env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
         secret = release_secret(documents)
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
     else:
         assert "FLEXINFER_DATABASE_URL" not in env
-        assert not objects(documents, "Secret")  # nothing to keep secret
+        assert set(secret["data"]) == {"admin-token"}  # only the generated token to keep secret
 
     # Inline values: the admin token and the database URL go to the chart's Secret, never into the pod spec.
     documents = render(
@@ -476,6 +482,20 @@ def test_umbrella_renders_everything_and_shares_global_settings(umbrella: Path) 
                 "key": "database-url",
             }
     assert one(documents, "Job")["metadata"]["name"] == f"{RELEASE}-scheduler-migrations"
+    assert not [s for s in objects(documents, "Secret") if "admin-token" in s.get("data", {})]  # none generated
+
+
+def test_umbrella_generates_one_admin_token_every_service_shares(umbrella: Path) -> None:
+    documents = render(umbrella)
+    generated = [s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-flexinfer-admin-token"]
+    assert len(generated) == 1 and len(base64.b64decode(generated[0]["data"]["admin-token"])) == 40
+    for deployment in objects(documents, "Deployment"):
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_BIND_HOST"]["value"] == "0.0.0.0"
+        assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"{RELEASE}-flexinfer-admin-token",
+            "key": "admin-token",
+        }
 
     without_crds = render(umbrella, {"flexinfer-crds": {"enabled": False}, "actuator": {"enabled": False}})
     assert not objects(without_crds, "CustomResourceDefinition")

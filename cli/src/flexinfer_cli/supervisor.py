@@ -108,6 +108,38 @@ class Restart:
     delay: float
 
 
+def plan_restart(
+    logger: logging.Logger,
+    name: str,
+    *,
+    previous: float,
+    uptime: float,
+    returncode: int | None,
+    reason: str,
+    count: int,
+    initial: float,
+    maximum: float,
+    reset_after: float,
+) -> Restart:
+    """The restart after an unexpected exit (delay from :func:`next_backoff`), logged as one warning line."""
+    delay = next_backoff(previous, uptime, initial=initial, maximum=maximum, reset_after=reset_after)
+    logger.warning(
+        "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
+        name,
+        reason,
+        uptime,
+        delay,
+        extra={
+            "child": name,
+            "exit_code": returncode,
+            "uptime_seconds": round(uptime, 3),
+            "restart_in_seconds": delay,
+            "restarts": count,
+        },
+    )
+    return Restart(service=name, returncode=returncode, uptime=uptime, delay=delay)
+
+
 @dataclass
 class _Child:
     spec: ServiceSpec
@@ -209,29 +241,20 @@ class Supervisor:
             uptime = self._clock() - child.started_at if child.process is not None else 0.0
             child.exits += 1
             child.last_returncode = returncode
-            delay = next_backoff(
-                child.backoff,
-                uptime,
+            restart = plan_restart(
+                self._log,
+                name,
+                previous=child.backoff,
+                uptime=uptime,
+                returncode=returncode,
+                reason=describe_exit(returncode),
+                count=child.exits,
                 initial=self.initial_backoff,
                 maximum=self.max_backoff,
                 reset_after=self.reset_after,
             )
-            child.backoff = delay
-            self.restarts.append(Restart(service=name, returncode=returncode, uptime=uptime, delay=delay))
-            self._log.warning(
-                "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
-                name,
-                describe_exit(returncode),
-                uptime,
-                delay,
-                extra={
-                    "child": name,
-                    "exit_code": returncode,
-                    "uptime_seconds": round(uptime, 3),
-                    "restart_in_seconds": delay,
-                    "restarts": child.exits,
-                },
-            )
+            child.backoff = delay = restart.delay
+            self.restarts.append(restart)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             if self._stopping.is_set():
@@ -352,18 +375,20 @@ class EmbeddedWatch:
             if self.server.pid is not None:
                 await asyncio.sleep(self.poll_interval)
                 continue
-            uptime = self._clock() - started_at
-            backoff = next_backoff(
-                backoff, uptime, initial=self.initial_backoff, maximum=self.max_backoff, reset_after=self.reset_after
-            )
-            self.restarts.append(Restart(service=self.name, returncode=None, uptime=uptime, delay=backoff))
-            self._log.warning(
-                "%s exited unexpectedly after %.1f s; restarting in %.1f s",
+            restart = plan_restart(
+                self._log,
                 self.name,
-                uptime,
-                backoff,
-                extra={"child": self.name, "uptime_seconds": round(uptime, 3), "restart_in_seconds": backoff},
+                previous=backoff,
+                uptime=self._clock() - started_at,
+                returncode=None,
+                reason="process gone",
+                count=len(self.restarts) + 1,
+                initial=self.initial_backoff,
+                maximum=self.max_backoff,
+                reset_after=self.reset_after,
             )
+            backoff = restart.delay
+            self.restarts.append(restart)
             await asyncio.sleep(backoff)
             if self.stopping:
                 return

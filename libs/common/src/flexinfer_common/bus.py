@@ -73,6 +73,9 @@ STREAMS: tuple[StreamConfig, ...] = (
 )
 
 
+_STOP_TIMEOUT = 5.0
+
+
 class BadMessage(ValueError):
     """A message that cannot be decoded; the text says why."""
 
@@ -164,14 +167,22 @@ class Consumer(Generic[M]):
         self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.name}")
 
     async def stop(self) -> None:
+        """Stop consuming. Bounded: with NATS or the handler's database gone at that moment, a cancelled handler
+        or an unsubscribe can hang, and whoever stops (a scheduler stepping down) must go on."""
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, pending = await asyncio.wait({self._task}, timeout=_STOP_TIMEOUT)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning(
+                        "consumer had failed", extra={"consumer": self.durable, "error": repr(task.exception())}
+                    )
+            if pending:
+                log.warning("consumer did not stop in time; going on", extra={"consumer": self.durable})
         if self._sub is not None:
             # A pending pull's late reply would otherwise sit unread and stall the connection's drain.
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await asyncio.wait_for(self._sub.unsubscribe(), _STOP_TIMEOUT)
             self._sub = None
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:

@@ -342,6 +342,8 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rng = random.Random(SEED)
+    with capsys.disabled():
+        print(f"\nchaos seed {SEED} (FLEXINFER_CHAOS_SEED={SEED} replays this run's faults)")
     with flexinfer_up(tmp_path) as chaos:
         proxies = [chaos.url("proxy"), f"http://127.0.0.1:{chaos.env['PROXY_B_PORT']}"]
         async with client() as http:

@@ -95,7 +95,7 @@ async def test_a_proxy_restarted_with_the_same_instance_id_has_its_new_demand_ac
     de-duplication and the scheduler's processed-message table would drop them, and its requests would end in
     504). With no demand refresh in the test's window, each cold request is signalled by exactly one message, so
     a dropped one would show as a 504."""
-    quiet = {"demand_refresh_interval": 600, "queue_timeout": 15}
+    quiet = {"demand_refresh_interval": 600, "queue_timeout": 30}
     async with running_system(
         database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=1
     ) as system:
@@ -108,8 +108,24 @@ async def test_a_proxy_restarted_with_the_same_instance_id_has_its_new_demand_ac
                     assert status == 200, body
                     assert body["choices"][0]["message"]["content"] == f"[{model}] to {model}"
                     assert headers.get("X-FlexInfer-Cold-Start") == "true"
+                await idle_past_demand_window(system, model, window=1.0)
         group = await system.get("scheduler", "/api/v1/groups/gpu")
         assert group["activeModel"]["name"] == "a"
+
+
+async def idle_past_demand_window(system: Any, model: str, *, window: float) -> None:
+    """Until ``model`` had no request for longer than the demand window: a demanded model then takes the GPU at
+    the next election (a busy incumbent would keep it, and a single demand message could expire meanwhile)."""
+    from datetime import UTC, datetime
+
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        status = (await system.get("scheduler", f"/api/v1/models/default/{model}"))["status"]
+        last = status.get("lastActiveTime")
+        if last and (datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds() > window:
+            return
+        assert asyncio.get_running_loop().time() < deadline, status
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.timeout(120)

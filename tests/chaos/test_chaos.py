@@ -38,10 +38,10 @@ import aiohttp
 import pytest
 
 from flexinfer_common.embedded import free_port
+from tests.support.up import BIN, up_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-BIN = Path(sys.executable).parent
 FULL = os.environ.get("FLEXINFER_CHAOS_FULL", "") == "1"
 REQUESTS = int(os.environ.get("FLEXINFER_CHAOS_REQUESTS", "1000" if FULL else "300"))
 SECONDS = float(os.environ.get("FLEXINFER_CHAOS_SECONDS", "90" if FULL else "40"))
@@ -158,24 +158,16 @@ async def port_answers(port: int) -> bool:
 def flexinfer_up(tmp_path: Path) -> Iterator[Chaos]:
     manifest = tmp_path / "chaos.yaml"
     manifest.write_text(MANIFEST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXINFER_")}
-    env.update(
-        {
-            "FLEXINFER_PROXY_PORT": str(free_port()),
-            "FLEXINFER_SCHEDULER_PORT": str(free_port()),
-            "FLEXINFER_LEASE_MANAGER_PORT": str(free_port()),
-            "FLEXINFER_ACTUATOR_PORT": str(free_port()),
-            "PROXY_B_PORT": str(free_port()),
-            "FLEXINFER_STATE_DIR": str(tmp_path / "state"),
-            "FLEXINFER_RECONCILE_INTERVAL": "500ms",
-            "FLEXINFER_DEMAND_REFRESH_INTERVAL": "500ms",
-            "FLEXINFER_SHARED_DEMAND_WINDOW": "2s",
-            "FLEXINFER_QUEUE_MAX": "5000",
-            "FLEXINFER_QUEUE_TIMEOUT": "45s",
-            "FLEXINFER_PARK_GRACE_PERIOD": "2s",
-            "FLEXINFER_COMMAND_RETRY": "2s",
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
+    env = up_environment(
+        tmp_path / "state",
+        PROXY_B_PORT=str(free_port()),
+        FLEXINFER_RECONCILE_INTERVAL="500ms",
+        FLEXINFER_DEMAND_REFRESH_INTERVAL="500ms",
+        FLEXINFER_SHARED_DEMAND_WINDOW="2s",
+        FLEXINFER_QUEUE_MAX="5000",
+        FLEXINFER_QUEUE_TIMEOUT="45s",
+        FLEXINFER_PARK_GRACE_PERIOD="2s",
+        FLEXINFER_COMMAND_RETRY="2s",
     )
     log = tmp_path / "up.log"
     with log.open("wb") as out:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from flexinfer_common.embedded import free_port
+from tests.support.up import up_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -67,20 +67,11 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXINFER_")}
-    env.update(
-        {
-            "FLEXINFER_PROXY_PORT": str(free_port()),
-            "FLEXINFER_SCHEDULER_PORT": str(free_port()),
-            "FLEXINFER_LEASE_MANAGER_PORT": str(free_port()),
-            "FLEXINFER_ACTUATOR_PORT": str(free_port()),
-            "FLEXINFER_RECONCILE_INTERVAL": "500ms",
-            "FLEXINFER_DEMAND_REFRESH_INTERVAL": "500ms",
-            "FLEXINFER_SHARED_DEMAND_WINDOW": "3s",
-            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-            # where the CLI finds the admin token `up` generates (the fixture's CLI runs in another folder)
-            "FLEXINFER_STATE_DIR": str(tmp_path / "state"),
-        }
+    env = up_environment(
+        tmp_path / "state",
+        FLEXINFER_RECONCILE_INTERVAL="500ms",
+        FLEXINFER_DEMAND_REFRESH_INTERVAL="500ms",
+        FLEXINFER_SHARED_DEMAND_WINDOW="3s",
     )
     log = tmp_path / "up.log"
     with log.open("wb") as out:

@@ -40,6 +40,10 @@ test: install ## Run every test (unit, integration with real NATS and Postgres, 
 test-unit: install ## Only the pure-logic tests
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
+.PHONY: test-chaos
+test-chaos: install ## The full chaos suite: 1,000 requests while every service, NATS and Postgres are SIGKILLed
+	FLEXINFER_CHAOS_FULL=1 $(BIN)/pytest -s tests/chaos $(PYTEST_ARGS)
+
 .PHONY: verify
 verify: install ## Lint, format check, strict types, import contracts, migrations in sync with the models
 	$(BIN)/ruff check .

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from flexinfer_common.embedded import free_port
+from tests.support.up import up_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +40,13 @@ class Up:
         assert done.returncode == 0, done.stderr.decode()
         return done.stdout.decode()
 
+    @property
+    def token_file(self) -> Path:
+        return Path(self.env["FLEXINFER_STATE_DIR"]) / "admin-token"
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+
     def chat(self, model: str, text: str, timeout: float = 60) -> httpx.Response:
         body = {"model": model, "messages": [{"role": "user", "content": text}]}
         return httpx.post(self.url("proxy") + "/v1/chat/completions", json=body, timeout=timeout)
@@ -60,18 +67,11 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXINFER_")}
-    env.update(
-        {
-            "FLEXINFER_PROXY_PORT": str(free_port()),
-            "FLEXINFER_SCHEDULER_PORT": str(free_port()),
-            "FLEXINFER_LEASE_MANAGER_PORT": str(free_port()),
-            "FLEXINFER_ACTUATOR_PORT": str(free_port()),
-            "FLEXINFER_RECONCILE_INTERVAL": "500ms",
-            "FLEXINFER_DEMAND_REFRESH_INTERVAL": "500ms",
-            "FLEXINFER_SHARED_DEMAND_WINDOW": "3s",
-            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        }
+    env = up_environment(
+        tmp_path / "state",
+        FLEXINFER_RECONCILE_INTERVAL="500ms",
+        FLEXINFER_DEMAND_REFRESH_INTERVAL="500ms",
+        FLEXINFER_SHARED_DEMAND_WINDOW="3s",
     )
     log = tmp_path / "up.log"
     with log.open("wb") as out:
@@ -141,7 +141,7 @@ def test_the_readme_demo_swaps_models_and_ctrl_c_stops_everything(up: Up) -> Non
     response = up.chat("chat", "via label")
     assert response.json()["choices"][0]["message"]["content"] == "[chat-small] via label"
 
-    processes = httpx.get(up.url("actuator") + "/api/v1/processes", timeout=5).json()["items"]
+    processes = httpx.get(up.url("actuator") + "/api/v1/processes", headers=up.auth(), timeout=5).json()["items"]
     pids = [p["pid"] for p in processes]
     assert [p["name"] for p in processes] == ["chat-small"]
 
@@ -167,3 +167,68 @@ def test_unknown_model_and_bad_manifest_are_reported_clearly(up: Up, tmp_path: P
     )
     assert done.returncode == 2
     assert "spec.gpu.priority" in done.stderr.decode()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses on which something listens on TCP ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_the_defaults_expose_nothing_and_refuse_what_is_not_allowed(up: Up, tmp_path: Path) -> None:
+    # Every service listens on loopback only.
+    for service in ("proxy", "scheduler", "lease_manager", "actuator"):
+        port = int(up.env[f"FLEXINFER_{service.upper()}_PORT"])
+        assert listening_addresses(port) == {"0100007F"}, service  # 127.0.0.1, little-endian hex
+    # `up` generated a token only its user can read, and the services require it.
+    assert up.token_file.stat().st_mode & 0o777 == 0o600
+    token = up.token_file.read_text().strip()
+    assert len(token) >= 32
+    for service, path in (
+        ("scheduler", "/api/v1/models"),
+        ("actuator", "/api/v1/processes"),
+        ("proxy", "/api/v1/queues"),
+    ):
+        for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": f"Basic {token}"}):
+            response = httpx.get(up.url(service) + path, headers=headers, timeout=5)
+            assert response.status_code == 401, (service, headers)
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert response.json()["error"]["code"] == "unauthorized"
+    # The CLI finds the token by itself (the demo stays two commands).
+    assert "chat-large" in up.cli("get", "models")
+
+    # The issue's attack: a manifest that asks the box to run a shell. Refused with 422 naming the rule.
+    marker = tmp_path / "pwned"
+    evil = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "evil", "namespace": "default"},
+        "spec": {
+            "gpu": {"shared": "homelab-gpu", "priority": 1000},
+            "local": {"command": ["sh", "-c", f"touch {marker}"]},
+        },
+    }
+    url = up.url("scheduler") + "/api/v1/models/default/evil"
+    assert httpx.put(url, json=evil, timeout=5).status_code == 401
+    response = httpx.put(url, json=evil, headers=up.auth(), timeout=5)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "command_not_allowed"
+    assert "FLEXINFER_LOCAL_COMMANDS" in error["message"] and "'sh'" in error["message"]
+    assert httpx.get(url, headers=up.auth(), timeout=5).status_code == 404
+    time.sleep(1)
+    assert not marker.exists()
+
+    # No token in any log: `up`'s own output (every service's log lines) and the model processes' logs.
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(timeout=30) == 0
+    logs = [up.log, *Path(up.env["FLEXINFER_STATE_DIR"]).glob("logs/*.log")]
+    assert len(logs) > 1
+    for log in logs:
+        assert token not in log.read_text(errors="replace"), log

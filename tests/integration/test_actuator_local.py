@@ -182,6 +182,9 @@ async def start_actuator(bus: Bus, tmp_path: Path) -> AsyncIterator[StartActuato
             readiness_probe_interval=PROBE_INTERVAL,
             park_grace_period=timedelta(seconds=grace),
             load_timeout=timedelta(seconds=load_timeout),
+            # The operator's allow-list for these tests: this Python (the fake model and the tiny server run
+            # on it) and a path that does not exist.
+            local_commands=(sys.executable, "/nonexistent/serve"),
             clock=clock,
         )
         actuator = Actuator(
@@ -297,6 +300,53 @@ async def test_unknown_executable_reports_failed_naming_it(
     await send(bus, "delta2", ScaleAction.ACTIVATE, 1, command=["/nonexistent/serve", "--port", "{port}"])
     failed = await statuses.wait_for("delta2", RuntimePhase.FAILED, generation=1)
     assert "/nonexistent/serve" in failed.message
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "rule"),
+    [
+        pytest.param(["sh", "-c", "touch {marker}; sleep 100"], {}, "executable 'sh' is not allowed", id="shell"),
+        pytest.param(
+            ["/bin/sh", "-c", "touch {marker}"], {}, "executable '/bin/sh' is not allowed", id="absolute-path"
+        ),
+        pytest.param(["./serve", "{port}"], {}, "'./serve' is a relative path", id="relative-path"),
+        pytest.param(
+            [sys.executable, "-c", "open('{marker}', 'w')"],
+            {"LD_PRELOAD": "/tmp/evil.so"},
+            "LD_PRELOAD may not be set",
+            id="allowed-executable-hostile-env",
+        ),
+    ],
+)
+async def test_a_command_off_the_allow_list_never_runs(
+    bus: Bus,
+    statuses: StatusLog,
+    start_actuator: StartActuator,
+    tmp_path: Path,
+    command: list[str],
+    env: dict[str, str],
+    rule: str,
+) -> None:
+    actuator = await start_actuator()
+    marker = tmp_path / "pwned"
+    argv = [arg.replace("{marker}", str(marker)) for arg in command]
+    spec = RuntimeSpec(namespace=NAMESPACE, name="evil", command=argv, env=env)
+    await bus.publish(
+        subjects.command_subject(NAMESPACE, "evil"),
+        ScaleCommand(
+            namespace=NAMESPACE,
+            model="evil",
+            action=ScaleAction.ACTIVATE,
+            generation=1,
+            runtime=spec,
+            issued_at=utcnow(),
+        ),
+    )
+    failed = await statuses.wait_for("evil", RuntimePhase.FAILED, generation=1)
+    assert rule in failed.message
+    assert "FLEXINFER_LOCAL_COMMANDS" in failed.message
+    assert actuator.scaler.snapshot() == []
+    assert not marker.exists()
 
 
 async def test_process_that_fails_to_load_reports_failed_with_its_exit_code_and_log(

@@ -72,6 +72,7 @@ async def actuator(bus: Bus, tmp_path: Path) -> AsyncIterator[RunningActuator]:
         "FLEXINFER_PARK_GRACE_PERIOD": "1s",
         "FLEXINFER_INSTANCE_ID": INSTANCE,
         "FLEXINFER_ADMIN_TOKEN": TOKEN,
+        "FLEXINFER_LOCAL_COMMANDS": sys.executable,  # the fake model runs on this Python
     }
     log_path = tmp_path / "actuator.log"
     with log_path.open("wb") as log_file:

@@ -27,13 +27,13 @@ def shared_model(name: str, *, startup_delay: float = 0.2) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def extra_proxy(nats_url: str, *, instance_id: str) -> AsyncIterator[str]:
+async def extra_proxy(nats_url: str, *, instance_id: str, **overrides: Any) -> AsyncIterator[str]:
     """Another proxy replica beside the one ``running_system`` starts (same NATS, same timings); its base URL."""
     from flexinfer_proxy.main import serve
     from flexinfer_proxy.settings import ProxySettings
 
     port = free_port()
-    timings = {k: v for k, v in TIMINGS.items() if k in ProxySettings.model_fields}
+    timings = {k: v for k, v in {**TIMINGS, **overrides}.items() if k in ProxySettings.model_fields}
     settings = ProxySettings(
         nats_url=nats_url, bind_host="127.0.0.1", proxy_port=port, instance_id=instance_id, **timings
     )
@@ -86,6 +86,46 @@ async def test_two_proxy_replicas_share_one_scheduler_and_a_restarted_one_routes
             status, body, headers = await chat(http, restarted, "b", "hello")
             assert status == 200, body
             assert "X-FlexInfer-Cold-Start" not in headers
+
+
+async def test_a_proxy_restarted_with_the_same_instance_id_has_its_new_demand_acted_on(
+    database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    """A pod restarts under the same name: its new demand messages must not look like its old ones (JetStream's
+    de-duplication and the scheduler's processed-message table would drop them, and its requests would end in
+    504). With no demand refresh in the test's window, each cold request is signalled by exactly one message, so
+    a dropped one would show as a 504."""
+    quiet = {"demand_refresh_interval": 600, "queue_timeout": 30}
+    async with running_system(
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=1
+    ) as system:
+        await system.put_model(shared_model("a"))
+        await system.put_model(shared_model("b"))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            for model in ("b", "a"):  # b is a cold start, then a (swapped back) through a restarted proxy
+                async with extra_proxy(clean_nats, instance_id="proxy-pod-0", **quiet) as proxy:
+                    status, body, headers = await chat(http, proxy, model, f"to {model}")
+                    assert status == 200, body
+                    assert body["choices"][0]["message"]["content"] == f"[{model}] to {model}"
+                    assert headers.get("X-FlexInfer-Cold-Start") == "true"
+                await idle_past_demand_window(system, model, window=1.0)
+        group = await system.get("scheduler", "/api/v1/groups/gpu")
+        assert group["activeModel"]["name"] == "a"
+
+
+async def idle_past_demand_window(system: Any, model: str, *, window: float) -> None:
+    """Until ``model`` had no request for longer than the demand window: a demanded model then takes the GPU at
+    the next election (a busy incumbent would keep it, and a single demand message could expire meanwhile)."""
+    from datetime import UTC, datetime
+
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        status = (await system.get("scheduler", f"/api/v1/models/default/{model}"))["status"]
+        last = status.get("lastActiveTime")
+        if last and (datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds() > window:
+            return
+        assert asyncio.get_running_loop().time() < deadline, status
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.timeout(120)

@@ -37,6 +37,7 @@ class System:
     # how to start each service again (``start_service``): its kind and settings; ``common`` for a new one
     recipes: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     common: dict[str, Any] = field(default_factory=dict)
+    token: str | None = None  # the admin token the services were given, if any
 
     def url(self, name: str) -> str:
         return self.services[name].url
@@ -67,6 +68,9 @@ class System:
         assert self.http is not None
         async with self.http.get(self.url(service) + path) as resp:
             return await resp.json()
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 TIMINGS = {
@@ -104,6 +108,8 @@ Factory = tuple[str, Callable[..., Any], Callable[[Any, asyncio.Event], Coroutin
 def _factories() -> dict[str, Factory]:
     from flexinfer_actuator.main import serve as serve_actuator
     from flexinfer_actuator.settings import ActuatorSettings
+    from flexinfer_lease_manager.main import serve as serve_lease_manager
+    from flexinfer_lease_manager.settings import LeaseManagerSettings
     from flexinfer_proxy.main import serve as serve_proxy
     from flexinfer_proxy.settings import ProxySettings
     from flexinfer_scheduler.main import serve as serve_scheduler
@@ -113,6 +119,7 @@ def _factories() -> dict[str, Factory]:
         "scheduler": ("scheduler_port", SchedulerSettings, serve_scheduler),
         "actuator": ("actuator_port", ActuatorSettings, serve_actuator),
         "proxy": ("proxy_port", ProxySettings, serve_proxy),
+        "lease-manager": ("lease_manager_port", LeaseManagerSettings, serve_lease_manager),
     }
 
 
@@ -158,7 +165,8 @@ async def running_system(
             if name == "proxy":
                 extra["instance_id"] = "proxy-test"
             await _start(system, name, name, {**common, **extra})
-        system.http = aiohttp.ClientSession()
+        system.token = overrides.get("admin_token")
+        system.http = aiohttp.ClientSession(headers=system.auth())
         yield system
     finally:
         if system.http is not None:

@@ -93,7 +93,8 @@ async def test_admin_token_guards_api_v1(headers: dict[str, str], status: int) -
         response = await http.get("/api/v1/processes", headers=headers)
         assert response.status_code == status
         if status == 401:
-            assert response.json()["error"]["code"] == 401
+            assert response.json()["error"]["code"] == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
         assert (await http.get("/healthz")).status_code == 200  # ops routes stay open
 
 

@@ -9,6 +9,7 @@ check-jsonschema vendors.
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 import importlib.resources
@@ -241,14 +242,19 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
     assert env["FLEXINFER_NATS_URL"]["value"] == "nats://nats:4222"
     assert env["FLEXINFER_NAMESPACE"]["value"] == NAMESPACE
     assert env["FLEXINFER_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert "FLEXINFER_ADMIN_TOKEN" not in env
+    # The pod listens on its own address, so it always has a token: with none given, one the chart generated.
+    assert env["FLEXINFER_BIND_HOST"]["value"] == "0.0.0.0"
+    token = env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    secret = release_secret(documents)
+    assert token == {"name": secret["metadata"]["name"], "key": "admin-token"}
+    assert len(base64.b64decode(secret["data"]["admin-token"])) == 40
     if needs_database:
         ref = env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
         secret = release_secret(documents)
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
     else:
         assert "FLEXINFER_DATABASE_URL" not in env
-        assert not objects(documents, "Secret")  # nothing to keep secret
+        assert set(secret["data"]) == {"admin-token"}  # only the generated token to keep secret
 
     # Inline values: the admin token and the database URL go to the chart's Secret, never into the pod spec.
     documents = render(
@@ -476,6 +482,20 @@ def test_umbrella_renders_everything_and_shares_global_settings(umbrella: Path) 
                 "key": "database-url",
             }
     assert one(documents, "Job")["metadata"]["name"] == f"{RELEASE}-scheduler-migrations"
+    assert not [s for s in objects(documents, "Secret") if "admin-token" in s.get("data", {})]  # none generated
+
+
+def test_umbrella_generates_one_admin_token_every_service_shares(umbrella: Path) -> None:
+    documents = render(umbrella)
+    generated = [s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-flexinfer-admin-token"]
+    assert len(generated) == 1 and len(base64.b64decode(generated[0]["data"]["admin-token"])) == 40
+    for deployment in objects(documents, "Deployment"):
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_BIND_HOST"]["value"] == "0.0.0.0"
+        assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"{RELEASE}-flexinfer-admin-token",
+            "key": "admin-token",
+        }
 
     without_crds = render(umbrella, {"flexinfer-crds": {"enabled": False}, "actuator": {"enabled": False}})
     assert not objects(without_crds, "CustomResourceDefinition")
@@ -878,9 +898,10 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
     published: dict[int, str] = {}
     for name, service in services.items():
         for mapping in service.get("ports", []):
-            host, container = str(mapping).rsplit(":", 2)[-2:]
+            address, host, container = str(mapping).rsplit(":", 2)
             published[int(container)] = name
             assert host == container
+            assert address == "127.0.0.1", mapping  # published on the host's loopback only
     for chart, (port, _) in SERVICES.items():
         service = services[chart]
         assert service["build"]["context"] == "."
@@ -893,7 +914,9 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
             env["FLEXINFER_DATABASE_URL"].startswith("postgresql://")
             and "@postgres:5432/" in env["FLEXINFER_DATABASE_URL"]
         )
-        assert "FLEXINFER_ADMIN_TOKEN" in env and env["FLEXINFER_ADMIN_TOKEN"] is None  # from the shell, else unset
+        # the token from the shell (compose refuses to start without it); the services listen beyond loopback
+        assert env["FLEXINFER_ADMIN_TOKEN"].startswith("${FLEXINFER_ADMIN_TOKEN:?")
+        assert env["FLEXINFER_BIND_HOST"] == "0.0.0.0"
         assert service["depends_on"]["nats"]["condition"] == "service_healthy"
         assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"])
         assert port in published

@@ -156,14 +156,22 @@ def test_plan_keeps_file_order() -> None:
     assert resources == ["model/default/qwen3-8b", "model/default/llama", "model/default/aaa"]
 
 
+def test_plan_puts_groups_first_then_models_by_priority() -> None:
+    group = "apiVersion: ai.flexinfer/v1alpha1\nkind: GPUGroup\nmetadata: {name: g}\nspec: {models: [{name: low}]}\n"
+    low = MODEL.replace("qwen3-8b", "low").replace("priority: 100", "priority: 5")
+    text = low + "---\n" + MODEL + "---\n" + group
+    assert [step.resource for step in plan(text)] == ["gpugroup/g", "model/default/qwen3-8b", "model/default/low"]
+
+
 def test_homelab_example_plans_two_models_in_one_group() -> None:
     steps = plan_apply(read_manifests([REPO / "examples" / "homelab.yaml"]), default_namespace="default")
-    assert [step.resource for step in steps] == ["model/default/chat-small", "model/default/chat-large"]
+    # the fallback leader (highest priority) first: the scheduler's first election already sees it
+    assert [step.resource for step in steps] == ["model/default/chat-large", "model/default/chat-small"]
     bodies: list[dict[str, Any]] = [step.body for step in steps if isinstance(step, ApiCall)]
     assert {body["spec"]["gpu"]["shared"] for body in bodies} == {"homelab-gpu"}
-    assert [body["spec"]["gpu"]["priority"] for body in bodies] == [50, 100]
+    assert [body["spec"]["gpu"]["priority"] for body in bodies] == [100, 50]
     assert all(body["spec"]["gpu"]["swapCooldown"] == "20s" for body in bodies)
-    assert bodies[0]["spec"]["serviceLabels"] == ["chat"]
+    assert bodies[1]["spec"]["serviceLabels"] == ["chat"]
     for body in bodies:
         command = body["spec"]["local"]["command"]
         assert command[:3] == ["flexinfer-fake-model", "--port", "{port}"]

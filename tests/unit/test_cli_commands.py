@@ -178,12 +178,13 @@ runner = CliRunner()
 def test_apply_puts_each_model_and_prints_it(api: FakeAdminApi) -> None:
     result = runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api))
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines() == ["model/default/chat-small configured", "model/default/chat-large configured"]
+    # the group's fallback leader (highest priority) first
+    assert result.stdout.splitlines() == ["model/default/chat-large configured", "model/default/chat-small configured"]
     assert [(method, path) for method, path, _ in api.requests] == [
-        ("PUT", "/api/v1/models/default/chat-small"),
         ("PUT", "/api/v1/models/default/chat-large"),
+        ("PUT", "/api/v1/models/default/chat-small"),
     ]
-    body = api.requests[0][2]
+    body = api.requests[1][2]
     assert body["metadata"] == {"name": "chat-small", "namespace": "default"}
     assert body["spec"]["gpu"] == {"shared": "homelab-gpu", "priority": 50, "swapCooldown": "20s"}
 
@@ -249,10 +250,10 @@ def test_get_models_table_and_json(api: FakeAdminApi) -> None:
     assert table.exit_code == 0, table.output
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["NAME", "NAMESPACE", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]
-    assert lines[1].split() == ["chat-small", "default", "homelab-gpu", "50", "Pending", "Parked", "<none>", "<none>"]
+    assert lines[2].split() == ["chat-small", "default", "homelab-gpu", "50", "Pending", "Parked", "<none>", "<none>"]
     as_json = runner.invoke(app, ["get", "model", "-o", "json"], env=env_for(api))
     assert as_json.exit_code == 0, as_json.output
-    assert [m["metadata"]["name"] for m in json.loads(as_json.stdout)["items"]] == ["chat-small", "chat-large"]
+    assert [m["metadata"]["name"] for m in json.loads(as_json.stdout)["items"]] == ["chat-large", "chat-small"]
 
 
 def test_get_queues_from_the_proxy_and_empty_lists(api: FakeAdminApi) -> None:

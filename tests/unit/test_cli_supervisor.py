@@ -7,13 +7,14 @@ import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from flexinfer_cli.supervisor import ServiceSpec, Supervisor, describe_exit, next_backoff
+from flexinfer_cli.supervisor import EmbeddedWatch, ServiceSpec, Supervisor, describe_exit, next_backoff
 
 
 @pytest.mark.parametrize(
@@ -221,3 +222,39 @@ async def test_children_die_with_the_supervisor_process(tmp_path: Path) -> None:
         parent.kill()
         await parent.wait()
     await wait_for(lambda: not alive(child_pid), within=5.0)
+
+
+class FakeEmbedded:
+    """An embedded server whose process 'dies' when told and comes back on restart()."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = 4242
+        self.restarted = threading.Event()
+        self.failures_left = 1  # the first restart fails (e.g. the port is still held)
+
+    def restart(self) -> str:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise RuntimeError("address in use")
+        self.pid = 4343
+        self.restarted.set()
+        return "nats://127.0.0.1:4222"
+
+
+async def test_embedded_watch_restarts_a_dead_server_with_back_off_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeEmbedded()
+    watch = EmbeddedWatch(server, name="NATS", poll_interval=0.01, initial_backoff=0.01, max_backoff=0.04)
+    watch.start()
+    try:
+        server.pid = None  # SIGKILLed
+        assert await asyncio.to_thread(server.restarted.wait, 10)
+    finally:
+        await watch.stop()
+    assert server.pid == 4343
+    # one failed attempt, then a doubled delay before the one that worked
+    assert [r.delay for r in watch.restarts] == [0.01, 0.02]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("embedded NATS exited unexpectedly" in m for m in messages)
+    assert any("cannot restart embedded NATS: address in use" in m for m in messages)

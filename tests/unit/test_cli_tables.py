@@ -8,6 +8,7 @@ import pytest
 
 from flexinfer_cli.tables import (
     Kind,
+    UnexpectedAnswer,
     format_seconds,
     group_row,
     lease_row,
@@ -18,6 +19,8 @@ from flexinfer_cli.tables import (
     render_table,
     swap_row,
 )
+from flexinfer_common.admin_api import Group, Lease, QueueInfo, Swap
+from flexinfer_common.manifests import Model
 
 
 def model(name: str = "chat", **status: Any) -> dict[str, Any]:
@@ -63,13 +66,13 @@ def test_render_table_has_no_trailing_spaces() -> None:
         ),
         pytest.param(
             {"metadata": {"name": "solo", "namespace": "x"}, "spec": {}},
-            ["solo", "x", "<none>", "<none>", "<none>", "<none>", "<none>", "<none>"],
+            ["solo", "x", "<none>", "0", "<none>", "<none>", "<none>", "<none>"],
             id="no-status-no-gpu",
         ),
     ],
 )
 def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert model_row(item) == expected
+    assert model_row(Model.model_validate(item)) == expected
 
 
 @pytest.mark.parametrize(
@@ -103,7 +106,7 @@ def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
     ],
 )
 def test_group_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert group_row(item) == expected
+    assert group_row(Group.model_validate(item)) == expected
 
 
 def test_lease_row() -> None:
@@ -115,7 +118,7 @@ def test_lease_row() -> None:
         "ttlSeconds": 3600,
         "expiresAt": "2026-06-20T12:00:00Z",
     }
-    assert lease_row(lease) == [
+    assert lease_row(Lease.model_validate(lease)) == [
         "qwen3-1p7b-lora-gpu-lease",
         "5930k-textgen",
         "qwen3-1p7b-lora",
@@ -133,19 +136,19 @@ def test_lease_row() -> None:
             id="seconds",
         ),
         pytest.param(
-            {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitMs": 250},
+            {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitSeconds": 0.25},
             ["default", "chat", "1", "250ms"],
             id="milliseconds",
         ),
         pytest.param(
-            {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": None},
+            {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": 0},
             ["default", "idle", "0", "-"],
             id="empty-queue",
         ),
     ],
 )
 def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert queue_row(item) == expected
+    assert queue_row(QueueInfo.model_validate(item)) == expected
 
 
 @pytest.mark.parametrize(
@@ -176,19 +179,19 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
             {
                 "group": "g",
                 "fromModel": None,
-                "toModel": {"namespace": "default", "name": "a"},
+                "toModel": "default/a",
                 "reason": "initial",
                 "startedAt": "2026-01-01T00:00:00+00:00",
                 "finishedAt": None,
                 "phases": {},
             },
-            ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00+00:00", "running", "<none>"],
+            ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00Z", "running", "<none>"],
             id="running-initial-swap",
         ),
     ],
 )
 def test_swap_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert swap_row(item) == expected
+    assert swap_row(Swap.model_validate(item)) == expected
 
 
 @pytest.mark.parametrize(
@@ -221,7 +224,8 @@ def test_render_kind_models_header_and_empty() -> None:
         "LAST_ACTIVE",
     ]
     assert render_kind(Kind.MODELS, {"items": []}) is None
-    assert render_kind(Kind.SWAPS, {}) is None
+    with pytest.raises(UnexpectedAnswer, match="swaps answer is not what this CLI expects"):
+        render_kind(Kind.SWAPS, {"items": [{"group": 3}]})
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ async def test_up_with_given_nats_and_database(tmp_path: Path, nats_url: str, da
         await wait_until(lambda: "FlexInfer is up." in out.getvalue() or run.done())
         assert not run.done(), run.result()
         # applied through the scheduler's admin API, in file order
-        assert list(json.loads((tmp_path / "models.json").read_text())) == ["chat-small", "chat-large"]
+        assert list(json.loads((tmp_path / "models.json").read_text())) == ["chat-large", "chat-small"]
         env = json.loads((tmp_path / "actuator.env.json").read_text())
         assert env["FLEXINFER_NATS_URL"] == nats_url
         assert env["FLEXINFER_DATABASE_URL"] == database_url

@@ -77,7 +77,7 @@ this chart's values when they name anything, else global.flexinfer's. Rendered a
 {{- $global := index $g $key | default dict }}
 {{- if or $local.url $local.value $local.existingSecret }}
 {{- $_ := set $out $key $local }}
-{{- else if or $global.url $global.value $global.existingSecret }}
+{{- else if or $global.url $global.value $global.existingSecret $global.generatedSecret }}
 {{- $_ := set $out $key (merge (dict) $global (pick $local "existingSecretKey")) }}
 {{- else }}
 {{- $_ := set $out $key $local }}
@@ -128,7 +128,13 @@ values given inline (the chart's own Secret, or the migration hook's).
     secretKeyRef:
       name: {{ $token.existingSecret }}
       key: {{ $token.existingSecretKey | default "admin-token" }}
-{{- else if $token.value }}
+{{- else if and $token.generatedSecret (not $token.value) }}
+- name: FLEXINFER_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ tpl $token.generatedSecret $ }}
+      key: admin-token
+{{- else }}
 - name: FLEXINFER_ADMIN_TOKEN
   valueFrom:
     secretKeyRef:
@@ -143,7 +149,12 @@ values given inline (the chart's own Secret, or the migration hook's).
 {{- if and (hasKey .Values "database") (not $c.database.existingSecret) }}
 database-url: {{ $c.database.url | default "postgresql://flexinfer@postgres:5432/flexinfer" | b64enc | quote }}
 {{- end }}
-{{- if and $c.adminToken.value (not $c.adminToken.existingSecret) }}
+{{- if $c.adminToken.existingSecret }}
+{{- else if $c.adminToken.value }}
 admin-token: {{ $c.adminToken.value | toString | b64enc | quote }}
+{{- else if not $c.adminToken.generatedSecret }}
+{{- /* No token given: generate one, and keep the one a previous install generated. */}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (include "flexinfer.fullname" .) }}
+admin-token: {{ (and $old $old.data (index $old.data "admin-token")) | default (randAlphaNum 40 | b64enc) | quote }}
 {{- end }}
 {{- end }}

@@ -1,6 +1,7 @@
 """``flexinfer apply``: manifests (CONTRACT section 1) -> admin API calls (section 4).
 
-:func:`plan_apply` is pure: it maps parsed resources to the calls that configure them, in file order.
+:func:`plan_apply` is pure: it maps parsed resources to the calls that configure them, in an order that lets the
+first election see each group and its best fallback (:func:`apply_order`).
 :func:`execute_plan` makes the calls. ``flexinfer up`` applies its FILE through the same two functions.
 """
 
@@ -88,8 +89,19 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+def apply_order(resource: Resource) -> tuple[int, int]:
+    """GPUGroups first, then Models by descending priority, then the rest (each stable in file order): the
+    scheduler may hold its first election before the last manifest arrives, and it must already see each group
+    and its best fallback leader then (a fallback load that started first would keep the GPU)."""
+    if isinstance(resource, GPUGroup):
+        return (0, 0)
+    if isinstance(resource, Model):
+        return (1, -resource.spec.gpu.priority)
+    return (2, 0)
+
+
 def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list[PlanStep]:
-    """The admin API calls that configure ``resources``, in order. Pure: no I/O.
+    """The admin API calls that configure ``resources``, in :func:`apply_order`. Pure: no I/O.
 
     - Model -> ``PUT scheduler /api/v1/models/{namespace}/{name}`` with the manifest (namespace filled in).
     - GPUGroup -> ``PUT scheduler /api/v1/gpugroups/{name}`` with the manifest.
@@ -97,7 +109,7 @@ def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list
     - ModelCache is skipped: only the Kubernetes controller acts on it (it runs finetune Jobs).
     """
     steps: list[PlanStep] = []
-    for resource in resources:
+    for resource in sorted(resources, key=apply_order):
         namespace = resource.metadata.namespace or default_namespace
         name = resource.metadata.name
         if isinstance(resource, Model):

@@ -24,12 +24,19 @@ class CliError(Exception):
     exit_code = 1
 
 
+UNAUTHORIZED_HINT = (
+    "set FLEXINFER_ADMIN_TOKEN to the services' token, or run this command in the folder of `flexinfer up` "
+    "(it keeps the token it generated in .flexinfer/admin-token; FLEXINFER_STATE_DIR names another folder)"
+)
+
+
 class ApiError(CliError):
     def __init__(self, service: Service, method: str, path: str, status: int, message: str) -> None:
         self.service = service
         self.status = status
         self.message = message
-        super().__init__(f"{service.value}: {method} {path} failed ({status}): {message}")
+        hint = f"; {UNAUTHORIZED_HINT}" if status == 401 else ""
+        super().__init__(f"{service.value}: {method} {path} failed ({status}): {message}{hint}")
 
 
 class ServiceUnreachable(CliError):

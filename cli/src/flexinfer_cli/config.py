@@ -2,7 +2,7 @@
 
 Every address resolves the same way: the command-line flag, else ``FLEXINFER_<SERVICE>_URL``, else
 ``http://127.0.0.1:<FLEXINFER_<SERVICE>_PORT or the contract's default port>``. Nothing here does I/O beyond
-reading the environment it is given.
+reading the environment it is given and the admin token file of ``flexinfer up``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -92,9 +93,32 @@ def nats_url(flag: str | None = None, env: Mapping[str, str] | None = None) -> s
     return flag or env.get("FLEXINFER_NATS_URL", "").strip() or DEFAULT_NATS_URL
 
 
-def admin_token(env: Mapping[str, str] | None = None) -> str | None:
+DEFAULT_STATE_DIR = ".flexinfer"
+TOKEN_FILE_NAME = "admin-token"
+
+
+def state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``flexinfer up`` keeps its state: ``FLEXINFER_STATE_DIR``, else ``.flexinfer`` here."""
     env = os.environ if env is None else env
-    return env.get("FLEXINFER_ADMIN_TOKEN") or None
+    return Path(env.get("FLEXINFER_STATE_DIR", "").strip() or DEFAULT_STATE_DIR)
+
+
+def token_file(directory: Path) -> Path:
+    """The admin token ``flexinfer up`` generated for the services it runs (mode 0600)."""
+    return directory / TOKEN_FILE_NAME
+
+
+def admin_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token for the admin APIs: ``FLEXINFER_ADMIN_TOKEN``, else the one ``flexinfer up`` keeps in its
+    state folder (``FLEXINFER_STATE_DIR``, default ``.flexinfer``), else none."""
+    env = os.environ if env is None else env
+    given = env.get("FLEXINFER_ADMIN_TOKEN", "").strip()
+    if given:
+        return given
+    try:
+        return token_file(state_dir(env)).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def default_namespace(env: Mapping[str, str] | None = None) -> str:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from flexinfer_cli.client import CliError
 from flexinfer_cli.config import ModelRef
-from flexinfer_common.messages import Demand, new_id
+from flexinfer_common.messages import Demand, message_id
 from flexinfer_common.subjects import demand_subject
 
 
@@ -64,7 +64,7 @@ async def publish_demand(url: str, ref: ModelRef, *, queued: int, source: str) -
             "(`flexinfer up` prints it)."
         ) from None
     try:
-        await nc.jetstream(timeout=5).publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": new_id()})
+        await nc.jetstream(timeout=5).publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": message_id(source)})
     except (NoStreamResponseError, NoRespondersError):
         raise CliError(
             f"no JetStream stream stores {subject} on {url}: the scheduler creates it when it starts. "

@@ -215,7 +215,7 @@ def get(
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """List models, groups, leases, queues or swaps."""
-    from flexinfer_cli.tables import VIEWS, parse_kind, render_kind
+    from flexinfer_cli.tables import VIEWS, UnexpectedAnswer, parse_kind, render_kind
 
     try:
         parsed = parse_kind(kind)
@@ -228,7 +228,10 @@ def get(
     if output is OutputFormat.JSON:
         print_json(payload)
         return
-    table = render_kind(parsed, payload)
+    try:
+        table = render_kind(parsed, payload)
+    except UnexpectedAnswer as exc:
+        fail(str(exc))
     if table is None:
         typer.echo(f"No {parsed.value} found.", err=True)
     else:
@@ -282,13 +285,20 @@ def demand(
 # -- lease -------------------------------------------------------------------------------------------------
 
 
-def _lease_line(verb: str, lease: Any) -> str:
-    if not isinstance(lease, dict):
-        return verb
-    details = [f"group {lease.get('group')}", f"owner {lease.get('owner')}"]
-    if lease.get("expiresAt"):
-        details.append(f"expires {lease['expiresAt']}")
-    return f"gpulease/{lease.get('name')} {verb} ({', '.join(details)})"
+def _lease_line(verb: str, answer: Any) -> str:
+    from pydantic import ValidationError
+
+    from flexinfer_common.admin_api import Lease
+    from flexinfer_common.clock import rfc3339
+
+    try:
+        lease = Lease.model_validate(answer)
+    except ValidationError:
+        fail(f"the lease manager's answer is not a lease: {str(answer)[:200]}")
+    details = [f"group {lease.group}", f"owner {lease.owner}"]
+    if lease.expires_at is not None:
+        details.append(f"expires {rfc3339(lease.expires_at)}")
+    return f"gpulease/{lease.name} {verb} ({', '.join(details)})"
 
 
 @lease_app.command("acquire")
@@ -329,7 +339,7 @@ def lease_renew(
     if output is OutputFormat.JSON:
         print_json(lease)
     else:
-        typer.echo(_lease_line("renewed", lease) if isinstance(lease, dict) else f"gpulease/{name} renewed")
+        typer.echo(_lease_line("renewed", lease) if lease is not None else f"gpulease/{name} renewed")
 
 
 @lease_app.command("release")

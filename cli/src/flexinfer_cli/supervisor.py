@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 INITIAL_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
@@ -105,6 +106,38 @@ class Restart:
     returncode: int | None
     uptime: float
     delay: float
+
+
+def plan_restart(
+    logger: logging.Logger,
+    name: str,
+    *,
+    previous: float,
+    uptime: float,
+    returncode: int | None,
+    reason: str,
+    count: int,
+    initial: float,
+    maximum: float,
+    reset_after: float,
+) -> Restart:
+    """The restart after an unexpected exit (delay from :func:`next_backoff`), logged as one warning line."""
+    delay = next_backoff(previous, uptime, initial=initial, maximum=maximum, reset_after=reset_after)
+    logger.warning(
+        "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
+        name,
+        reason,
+        uptime,
+        delay,
+        extra={
+            "child": name,
+            "exit_code": returncode,
+            "uptime_seconds": round(uptime, 3),
+            "restart_in_seconds": delay,
+            "restarts": count,
+        },
+    )
+    return Restart(service=name, returncode=returncode, uptime=uptime, delay=delay)
 
 
 @dataclass
@@ -208,29 +241,20 @@ class Supervisor:
             uptime = self._clock() - child.started_at if child.process is not None else 0.0
             child.exits += 1
             child.last_returncode = returncode
-            delay = next_backoff(
-                child.backoff,
-                uptime,
+            restart = plan_restart(
+                self._log,
+                name,
+                previous=child.backoff,
+                uptime=uptime,
+                returncode=returncode,
+                reason=describe_exit(returncode),
+                count=child.exits,
                 initial=self.initial_backoff,
                 maximum=self.max_backoff,
                 reset_after=self.reset_after,
             )
-            child.backoff = delay
-            self.restarts.append(Restart(service=name, returncode=returncode, uptime=uptime, delay=delay))
-            self._log.warning(
-                "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
-                name,
-                describe_exit(returncode),
-                uptime,
-                delay,
-                extra={
-                    "child": name,
-                    "exit_code": returncode,
-                    "uptime_seconds": round(uptime, 3),
-                    "restart_in_seconds": delay,
-                    "restarts": child.exits,
-                },
-            )
+            child.backoff = delay = restart.delay
+            self.restarts.append(restart)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             if self._stopping.is_set():
@@ -295,3 +319,85 @@ def _kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (each service is a session leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+class EmbeddedServer(Protocol):
+    """What :class:`EmbeddedWatch` needs of ``flexinfer_common.embedded``'s servers."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def restart(self) -> str: ...
+
+
+class EmbeddedWatch:
+    """Keeps an embedded server (NATS, PostgreSQL) running like a service: when its process dies, restart it on
+    the same port after :func:`next_backoff`'s delay, logged the same way. The server starts and restarts in a
+    thread (its start blocks until it answers)."""
+
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        *,
+        name: str,
+        poll_interval: float = 0.2,
+        initial_backoff: float = INITIAL_BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
+        reset_after: float = RESET_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.server = server
+        self.name = f"embedded {name}"
+        self.poll_interval = poll_interval
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.reset_after = reset_after
+        self._clock = clock
+        self._log = logger or log
+        self.stopping = False
+        self.restarts: list[Restart] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name=f"supervise:{self.name}")
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(self) -> None:
+        backoff, started_at = 0.0, self._clock()
+        while not self.stopping:
+            if self.server.pid is not None:
+                await asyncio.sleep(self.poll_interval)
+                continue
+            restart = plan_restart(
+                self._log,
+                self.name,
+                previous=backoff,
+                uptime=self._clock() - started_at,
+                returncode=None,
+                reason="process gone",
+                count=len(self.restarts) + 1,
+                initial=self.initial_backoff,
+                maximum=self.max_backoff,
+                reset_after=self.reset_after,
+            )
+            backoff = restart.delay
+            self.restarts.append(restart)
+            await asyncio.sleep(backoff)
+            if self.stopping:
+                return
+            started_at = self._clock()
+            try:
+                await asyncio.to_thread(self.server.restart)
+            except Exception as exc:
+                self._log.error(
+                    "cannot restart %s: %s", self.name, exc, extra={"child": self.name, "error": str(exc)[:500]}
+                )
+                continue
+            self._log.info("%s restarted", self.name, extra={"child": self.name, "pid": self.server.pid})

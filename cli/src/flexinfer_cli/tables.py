@@ -1,18 +1,34 @@
 """``flexinfer get``: which API each kind comes from, its columns, and kubectl-style table rendering.
 
-Everything here is pure: a decoded JSON answer in, text out. A value the answer lacks prints as ``<none>``,
-as ``kubectl get -o custom-columns`` does.
+Everything here is pure: a decoded JSON answer in, read through the API's own body models
+(``flexinfer_common.admin_api``), text out. A value the answer lacks prints as ``<none>``, as
+``kubectl get -o custom-columns`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from pydantic import ValidationError
+
 from flexinfer_cli.config import Service
+from flexinfer_common.admin_api import (
+    Group,
+    GroupList,
+    Lease,
+    LeaseList,
+    ModelList,
+    QueueInfo,
+    QueueList,
+    Swap,
+    SwapList,
+)
+from flexinfer_common.clock import rfc3339
+from flexinfer_common.manifests import Model
 
 NONE = "<none>"
 COLUMN_GAP = 3
@@ -54,22 +70,6 @@ def parse_kind(value: str) -> Kind:
     return kind
 
 
-def _get(item: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(item, Mapping):
-            return None
-        item = item.get(key)
-    return item
-
-
-def _first(item: Any, *keys: str) -> Any:
-    for key in keys:
-        value = _get(item, *key.split("."))
-        if value is not None:
-            return value
-    return None
-
-
 def cell(value: Any) -> str:
     if value is None or value == "":
         return NONE
@@ -97,93 +97,64 @@ def format_seconds(value: Any) -> str:
     return out + (f"{rest}s" if rest else "")
 
 
-def _model_name(value: Any) -> str:
-    """A model reference in the API: ``"name"``, ``"ns/name"`` or ``{"namespace", "name"}``."""
-    if isinstance(value, Mapping):
-        name, namespace = value.get("name"), value.get("namespace")
-        if not name:
-            return NONE
-        return f"{namespace}/{name}" if namespace else str(name)
-    return cell(value)
+def _time(value: datetime | None) -> str:
+    return rfc3339(value) or NONE
 
 
-def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def model_row(item: Any) -> Row:
+def model_row(item: Model) -> Row:
+    status = item.status
     return [
-        cell(_get(item, "metadata", "name")),
-        cell(_get(item, "metadata", "namespace")),
-        cell(_get(item, "spec", "gpu", "shared")),
-        cell(_get(item, "spec", "gpu", "priority")),
-        cell(_get(item, "status", "phase")),
-        cell(_get(item, "status", "sharedGroup", "state")),
-        cell(_get(item, "status", "sharedGroup", "queuePosition")),
-        cell(_get(item, "status", "lastActiveTime")),
+        cell(item.metadata.name),
+        cell(item.metadata.namespace),
+        cell(item.spec.gpu.shared),
+        cell(item.spec.gpu.priority),
+        cell(status.phase.value if status else None),
+        cell(status.shared_group.state.value if status and status.shared_group.state else None),
+        cell(status.shared_group.queue_position if status else None),
+        _time(status.last_active_time if status else None),
     ]
 
 
-def group_row(item: Any) -> Row:
-    cooldown = _get(item, "cooldownRemainingSeconds")
+def group_row(item: Group) -> Row:
+    cooldown = item.cooldown_remaining_seconds
+    active = item.active_model
     return [
-        cell(_get(item, "name")),
-        cell(_get(item, "policy")),
-        _model_name(_get(item, "activeModel")),
-        cell(_get(item, "state")),
+        cell(item.name),
+        cell(item.policy),
+        f"{active.namespace}/{active.name}" if active else NONE,
+        cell(item.state),
         "0s" if cooldown == 0 else format_seconds(cooldown),
-        cell(_get(item, "lease", "name")),
+        cell(item.lease.name if item.lease else None),
     ]
 
 
-def lease_row(item: Any) -> Row:
+def lease_row(item: Lease) -> Row:
+    return [cell(item.name), cell(item.group), cell(item.owner), cell(item.node), _time(item.expires_at)]
+
+
+def queue_row(item: QueueInfo) -> Row:
     return [
-        cell(_get(item, "name")),
-        cell(_get(item, "group")),
-        cell(_get(item, "owner")),
-        cell(_get(item, "node")),
-        cell(_get(item, "expiresAt")),
+        cell(item.namespace),
+        cell(item.model),
+        cell(item.queued),
+        "-" if not item.queued and not item.oldest_wait_seconds else format_seconds(item.oldest_wait_seconds),
     ]
 
 
-def queue_row(item: Any) -> Row:
-    wait = _first(item, "oldestWaitSeconds", "oldest_wait_seconds", "oldestWait")
-    if wait is None and isinstance(ms := _first(item, "oldestWaitMs", "oldest_wait_ms"), int | float):
-        wait = ms / 1000
-    queued = _first(item, "queued", "depth", "length")
-    return [
-        cell(_get(item, "namespace")),
-        cell(_first(item, "model", "name")),
-        cell(queued),
-        "-" if not queued and not wait else format_seconds(wait),
-    ]
-
-
-def swap_row(item: Any) -> Row:
-    started, finished = _get(item, "startedAt"), _get(item, "finishedAt")
-    start_ts, finish_ts = _parse_time(started), _parse_time(finished)
-    if finished is None:
+def swap_row(item: Swap) -> Row:
+    if item.finished_at is None:
         duration = "running"
-    elif start_ts is not None and finish_ts is not None:
-        duration = format_seconds(max(0.0, finish_ts - start_ts))
+    elif item.started_at is not None:
+        duration = format_seconds(max(0.0, (item.finished_at - item.started_at).total_seconds()))
     else:
         duration = NONE
-    phases = _get(item, "phases")
-    if isinstance(phases, Mapping) and phases:
-        phase_text = ",".join(f"{phase}={format_seconds(seconds)}" for phase, seconds in phases.items())
-    else:
-        phase_text = NONE
+    phase_text = ",".join(f"{phase}={format_seconds(seconds)}" for phase, seconds in item.phases.items()) or NONE
     return [
-        cell(_get(item, "group")),
-        _model_name(_get(item, "fromModel")),
-        _model_name(_get(item, "toModel")),
-        cell(_get(item, "reason")),
-        cell(started),
+        cell(item.group),
+        cell(item.from_model),
+        cell(item.to_model),
+        cell(item.reason),
+        _time(item.started_at),
         duration,
         phase_text,
     ]
@@ -195,6 +166,7 @@ class KindView:
     path: str
     headers: tuple[str, ...]
     row: Callable[[Any], Row]
+    answer: type[ModelList | GroupList | LeaseList | QueueList | SwapList]  # the API's list body
 
 
 VIEWS: dict[Kind, KindView] = {
@@ -203,31 +175,42 @@ VIEWS: dict[Kind, KindView] = {
         "/api/v1/models",
         ("NAME", "NAMESPACE", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"),
         model_row,
+        ModelList,
     ),
     Kind.GROUPS: KindView(
-        Service.SCHEDULER, "/api/v1/groups", ("NAME", "POLICY", "ACTIVE", "STATE", "COOLDOWN", "LEASE"), group_row
+        Service.SCHEDULER,
+        "/api/v1/groups",
+        ("NAME", "POLICY", "ACTIVE", "STATE", "COOLDOWN", "LEASE"),
+        group_row,
+        GroupList,
     ),
     Kind.LEASES: KindView(
-        Service.LEASE_MANAGER, "/api/v1/leases", ("NAME", "GROUP", "OWNER", "NODE", "EXPIRES"), lease_row
+        Service.LEASE_MANAGER, "/api/v1/leases", ("NAME", "GROUP", "OWNER", "NODE", "EXPIRES"), lease_row, LeaseList
     ),
-    Kind.QUEUES: KindView(Service.PROXY, "/api/v1/queues", ("NAMESPACE", "MODEL", "QUEUED", "OLDEST_WAIT"), queue_row),
+    Kind.QUEUES: KindView(
+        Service.PROXY, "/api/v1/queues", ("NAMESPACE", "MODEL", "QUEUED", "OLDEST_WAIT"), queue_row, QueueList
+    ),
     Kind.SWAPS: KindView(
         Service.SCHEDULER,
         "/api/v1/swaps",
         ("GROUP", "FROM", "TO", "REASON", "STARTED", "DURATION", "PHASES"),
         swap_row,
+        SwapList,
     ),
 }
 
 
-def items_of(payload: Any) -> list[Any]:
-    """The list in an answer: ``{"items": [...]}`` (the contract's shape) or a bare list."""
-    if isinstance(payload, Mapping):
-        items = payload.get("items")
-        return list(items) if isinstance(items, list) else []
-    if isinstance(payload, list):
-        return payload
-    return []
+class UnexpectedAnswer(ValueError):
+    """An API answer that is not the body the contract describes."""
+
+
+def items_of(kind: Kind, payload: Any) -> list[Any]:
+    """The typed items of an API list answer (``{"items": [...]}``); UnexpectedAnswer names what is wrong."""
+    try:
+        return list(VIEWS[kind].answer.model_validate(payload).items)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        raise UnexpectedAnswer(f"the {kind.value} answer is not what this CLI expects ({problems})") from None
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -246,7 +229,7 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render_kind(kind: Kind, payload: Any) -> str | None:
     """The table for an API answer; None when it lists nothing."""
     view = VIEWS[kind]
-    rows = [view.row(item) for item in items_of(payload)]
+    rows = [view.row(item) for item in items_of(kind, payload)]
     if not rows:
         return None
     return render_table(view.headers, rows)

@@ -15,8 +15,10 @@ import contextlib
 import ipaddress
 import logging
 import os
+import secrets
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +27,8 @@ from typing import TextIO
 
 from flexinfer_cli.apply import ApiCall, PlanStep, execute_plan, plan_apply, read_manifests
 from flexinfer_cli.client import AdminClient, CliError
-from flexinfer_cli.config import DEFAULT_NATS_URL, Service, default_namespace, service_port
-from flexinfer_cli.supervisor import STOP_TIMEOUT, ServiceSpec, Supervisor
+from flexinfer_cli.config import DEFAULT_NATS_URL, Service, default_namespace, service_port, token_file
+from flexinfer_cli.supervisor import STOP_TIMEOUT, EmbeddedWatch, ServiceSpec, Supervisor
 from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from flexinfer_common.manifests import Resource
 from flexinfer_common.settings import ENV_PREFIX, CommonSettings, SettingsError, load_settings
@@ -162,6 +164,37 @@ def check_settings(env: Mapping[str, str]) -> CommonSettings:
         raise SettingsProblem(str(exc)) from None
 
 
+def ensure_admin_token(env: Mapping[str, str], state_dir: Path) -> str:
+    """The admin token of this run: ``FLEXINFER_ADMIN_TOKEN`` when given, else the one kept in the state folder,
+    else a new random one written there with mode 0600 (so the CLI, run in the same folder, finds it)."""
+    given = env.get("FLEXINFER_ADMIN_TOKEN", "").strip()
+    if given:
+        return given
+    path = token_file(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UpError(f"cannot read the admin token file {path}: {exc}") from None
+    if token:
+        if stat.S_IMODE(path.stat().st_mode) & 0o077:
+            log.warning("%s was readable by others; made it private (mode 0600)", path, extra={"file": str(path)})
+            path.chmod(0o600)
+        return token
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(token + "\n")
+        path.chmod(0o600)
+    except OSError as exc:
+        raise UpError(f"cannot write the admin token file {path}: {exc}") from None
+    log.info("generated an admin token in %s (mode 0600)", path, extra={"file": str(path)})
+    return token
+
+
 class _Signals:
     """First SIGINT/SIGTERM: stop in order. Second: kill at once."""
 
@@ -203,6 +236,8 @@ class Up:
         self.nats: EmbeddedNats | None = None
         self.postgres: EmbeddedPostgres | None = None
         self.supervisor: Supervisor | None = None
+        self.watches: list[EmbeddedWatch] = []
+        self.token_generated = False
         self.signals = _Signals(self._kill_everything)
         self.out = options.out or sys.stdout
 
@@ -218,18 +253,21 @@ class Up:
         resources = read_manifests(self.options.files)  # ManifestFileError (exit 2) before anything starts
         namespace = default_namespace(self.env)
         plan = plan_apply(resources, default_namespace=namespace)
-        settings = self._check_settings()
+        self.token_generated = not self.env.get("FLEXINFER_ADMIN_TOKEN", "").strip()
+        self._check_settings()
         bind_host = self.env.get("FLEXINFER_BIND_HOST") or "127.0.0.1"
         ports = resolve_ports(self.env, bind_host)
+        self.env["FLEXINFER_ADMIN_TOKEN"] = ensure_admin_token(self.env, self.state_dir)
         urls = {service: f"http://{_connect_host(bind_host)}:{port}" for service, port in ports.items()}
         self.signals.install()
         try:
             nats_url, database_url = await self._start_infrastructure()
             self._interrupted()
+            self._watch_embedded()
             self.supervisor = self._supervisor(nats_url, database_url, ports)
             await self.supervisor.start()
             await self._wait_ready(urls)
-            await self._apply(plan, urls, settings.admin_token_value())
+            await self._apply(plan, urls, self.env["FLEXINFER_ADMIN_TOKEN"])
             self._banner(urls, nats_url, resources)
             await self.signals.stop.wait()
             return 0
@@ -240,8 +278,9 @@ class Up:
             self.signals.uninstall()
 
     def _check_settings(self) -> CommonSettings:
-        """Refuse a bad FLEXINFER_* value before starting anything (the message names the variable)."""
-        return check_settings(self.env)
+        """Refuse a bad FLEXINFER_* value before starting anything (the message names the variable). The services
+        will have a token (given, or generated next), so the check counts one as set."""
+        return check_settings({**self.env, "FLEXINFER_ADMIN_TOKEN": self.env.get("FLEXINFER_ADMIN_TOKEN") or "up"})
 
     def _interrupted(self) -> None:
         if self.signals.stop.is_set():
@@ -294,6 +333,14 @@ class Up:
         except Exception as exc:
             raise UpError(f"database migrations failed: {exc}") from None
         return nats_url, database_url
+
+    def _watch_embedded(self) -> None:
+        """Restart the embedded NATS and PostgreSQL when they die, as the services are (back-off, logged)."""
+        for name, server in (("NATS", self.nats), ("PostgreSQL", self.postgres)):
+            if server is not None:
+                watch = EmbeddedWatch(server, name=name, logger=logging.getLogger("flexinfer.up"))
+                watch.start()
+                self.watches.append(watch)
 
     # -- services -------------------------------------------------------------------------------------
 
@@ -361,6 +408,8 @@ class Up:
     async def _stop_everything(self) -> None:
         if self.supervisor is not None:
             await self.supervisor.stop([service.value for service in STOP_ORDER])
+        for watch in self.watches:
+            await watch.stop()
         for server in (self.postgres, self.nats):
             if server is not None:
                 try:
@@ -374,6 +423,8 @@ class Up:
         self.signals.stop.set()
         if self.supervisor is not None:
             self.supervisor.kill_all()
+        for watch in self.watches:
+            watch.stopping = True
         for server in (self.postgres, self.nats):
             pid = server.pid if server is not None else None
             if pid is not None:
@@ -390,6 +441,12 @@ class Up:
             f"  OpenAI-compatible proxy   {proxy}/v1",
             f"  scheduler admin API       {scheduler}/api/v1   (OpenAPI: {scheduler}/docs)",
             f"  lease manager API         {urls[Service.LEASE_MANAGER]}/api/v1",
+            "  admin token               "
+            + (
+                f"{token_file(self.state_dir)} (mode 0600; the CLI reads it)"
+                if self.token_generated
+                else "FLEXINFER_ADMIN_TOKEN"
+            ),
             f"  NATS                      {nats_url}" + ("   (embedded)" if self.nats else ""),
             "  Postgres                  "
             + (f"embedded, data in {self.postgres.data_dir}" if self.postgres else "FLEXINFER_DATABASE_URL"),
@@ -403,6 +460,8 @@ class Up:
                 exports.append(f"export {service.url_variable}={urls[service]}")
         if nats_url != DEFAULT_NATS_URL:
             exports.append(f"export FLEXINFER_NATS_URL={nats_url}")
+        if self.token_generated and self.state_dir != Path.cwd() / ".flexinfer":
+            exports.append(f"export FLEXINFER_STATE_DIR={self.state_dir}   # where the CLI finds the admin token")
         lines.append("")
         if exports:
             lines.append("In another terminal, first:")

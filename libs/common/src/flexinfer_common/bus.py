@@ -73,6 +73,9 @@ STREAMS: tuple[StreamConfig, ...] = (
 )
 
 
+_STOP_TIMEOUT = 5.0
+
+
 class BadMessage(ValueError):
     """A message that cannot be decoded; the text says why."""
 
@@ -84,12 +87,19 @@ class Delivery:
     num_delivered: int
 
 
+def load_json(data: bytes) -> Any:
+    """Parse a message body as JSON; BadMessage for anything that is not (bad bytes, nesting too deep)."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise BadMessage(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise BadMessage("not JSON this service accepts: nested too deeply") from None
+
+
 def decode_json(schema: type[M], subject: str, data: bytes) -> M:
     """Decode a message body; raise BadMessage with a readable reason."""
-    try:
-        raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMessage(f"not JSON: {exc}") from None
+    raw = load_json(data)
     if not isinstance(raw, dict):
         raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
     try:
@@ -157,14 +167,22 @@ class Consumer(Generic[M]):
         self._task = asyncio.create_task(self._run(self._sub), name=f"consumer:{self.name}")
 
     async def stop(self) -> None:
+        """Stop consuming. Bounded: with NATS or the handler's database gone at that moment, a cancelled handler
+        or an unsubscribe can hang, and whoever stops (a scheduler stepping down) must go on."""
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, pending = await asyncio.wait({self._task}, timeout=_STOP_TIMEOUT)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning(
+                        "consumer had failed", extra={"consumer": self.durable, "error": repr(task.exception())}
+                    )
+            if pending:
+                log.warning("consumer did not stop in time; going on", extra={"consumer": self.durable})
         if self._sub is not None:
             # A pending pull's late reply would otherwise sit unread and stall the connection's drain.
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await asyncio.wait_for(self._sub.unsubscribe(), _STOP_TIMEOUT)
             self._sub = None
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
@@ -212,7 +230,7 @@ class Consumer(Generic[M]):
         )
         try:
             message = self.decode(msg.subject, msg.data)
-        except BadMessage as exc:
+        except Exception as exc:  # BadMessage, or a decoder bug: either way this message is rejected, not fatal
             BAD_MESSAGES.labels(subject=self.filter_subject).inc()
             log.warning(
                 "rejected malformed message",
@@ -312,8 +330,12 @@ class Bus:
             return await self.js.create_key_value(bucket=subjects.ROUTES_BUCKET, history=1)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
-        """Publish to JetStream and wait for the store's ack (at-least-once)."""
-        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        """Publish to JetStream and wait for the store's ack (at-least-once). ``msg_id`` (from
+        :func:`~flexinfer_common.messages.message_id`) is given by a caller that may retry this publish; without
+        one, the message gets a fresh id of its own."""
+        from flexinfer_common.messages import message_id
+
+        headers = {"Nats-Msg-Id": msg_id or message_id(self.name)}
         await self.js.publish(subject, message.model_dump_json(by_alias=True).encode(), headers=headers)
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
@@ -368,10 +390,7 @@ def decode_demand(subject: str, data: bytes) -> Any:
     from flexinfer_common.messages import Demand
 
     tokens = subjects.split_model_subject(subject, subjects.DEMAND_PREFIX)
-    try:
-        raw = json.loads(data) if data.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMessage(f"not JSON: {exc}") from None
+    raw = load_json(data) if data.strip() else {}
     if not isinstance(raw, dict):
         raise BadMessage(f"expected a JSON object, got {type(raw).__name__}")
     if tokens is not None:

@@ -476,6 +476,15 @@ class _EmbeddedServer:
     def start(self) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def restart(self) -> str:
+        """Start again after the process died, on the same port (clients keep their URL). No-op if running."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is not None:
+                self._proc = None
+            if self._port is not None:
+                self._requested_port = self._port
+            return self.start()
+
 
 # --------------------------------------------------------------------------------------------------
 # NATS

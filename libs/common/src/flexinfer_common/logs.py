@@ -1,6 +1,8 @@
 """Structured logging: one JSON object per line on stderr.
 
 Fields passed with ``extra={...}`` land in the line beside ``ts``, ``level``, ``service``, ``logger`` and ``msg``.
+The values of secret settings (the admin token, keys, passwords) are registered with :func:`start_logging` and
+never written: a line that would contain one carries ``[redacted]`` instead.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from typing import Any
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 
+REDACTED = "[redacted]"
+_MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary words
+
+
 class JsonFormatter(logging.Formatter):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, secrets: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.service = service
+        self.secrets = tuple(s for s in secrets if len(s) >= _MIN_SECRET_LENGTH)
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -32,12 +39,16 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        text = json.dumps(line, default=str)
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
 
 
-def configure_logging(service: str, level: str = "INFO") -> None:
+def configure_logging(service: str, level: str = "INFO", *, secrets: tuple[str, ...] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -48,3 +59,11 @@ def configure_logging(service: str, level: str = "INFO") -> None:
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
+
+
+def start_logging(service: str, settings: Any) -> None:
+    """A service's logging from its settings (``CommonSettings``): JSON lines at its level, its secrets redacted,
+    and a warning for each way it is exposed beyond what the defaults allow."""
+    configure_logging(service, settings.log_level, secrets=tuple(settings.secret_values()))
+    for warning in settings.security_warnings():
+        logging.getLogger("flexinfer.security").warning(warning)

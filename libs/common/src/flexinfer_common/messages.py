@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from flexinfer_common.enums import (
     ModelPhase,
@@ -21,9 +21,24 @@ from flexinfer_common.enums import (
     SwapReason,
 )
 
+# Names that become NATS subject tokens and database keys: Kubernetes names (lowercase letters, digits, '-' and '.',
+# at most 253 characters). A message naming anything else is rejected as malformed, so no producer can make a
+# service publish to a wildcard or an oversized subject.
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+# Who sent a message (a proxy or actuator instance id, a producer's name): any printable token, bounded.
+Origin = Annotated[str, StringConstraints(max_length=253, pattern=r"^[A-Za-z0-9_.:@/-]*$")]
+
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def message_id(origin: str) -> str:
+    """The one message-id scheme (JetStream's ``Nats-Msg-Id``, the scheduler's processed-message table):
+    ``<origin>:<128 random bits>``. Unique for every message, also across restarts of the same ``origin`` (an
+    instance id that survives a restart, such as a pod name, must not make new messages look like old ones).
+    Make one per message and pass the same id again only when retrying that same publish."""
+    return f"{origin}:{uuid.uuid4().hex}"
 
 
 class Message(BaseModel):
@@ -51,18 +66,18 @@ class Demand(Message):
 
     SUBJECT: ClassVar[str] = "flexinfer.demand.<namespace>.<model>"
 
-    model: str = Field(min_length=1, description="Model name (or namespace/name)", examples=["qwen3-8b"])
-    namespace: str = Field("", description="Filled from the subject when omitted", examples=["default"])
+    model: Name = Field(description="Model name (or namespace/name)", examples=["qwen3-8b"])
+    namespace: Name | Literal[""] = Field("", description="Filled from the subject when omitted", examples=["default"])
     queued: int = Field(0, ge=0, description="Requests waiting at this source", examples=[3])
-    source: str = Field("external", description="Who signals: a proxy instance id, or any producer name")
+    source: Origin = Field("external", description="Who signals: a proxy instance id, or any producer name")
     time: datetime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
 
 
 class RuntimeSpec(Message):
     """What the actuator needs to run one model (from the Model manifest)."""
 
-    namespace: str
-    name: str
+    namespace: Name
+    name: Name
     deployment: str | None = None
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -86,8 +101,8 @@ class ScaleCommand(Message):
 
     command_id: str = Field(default_factory=new_id)
     group: str | None = None
-    namespace: str
-    model: str
+    namespace: Name
+    model: Name
     action: ScaleAction
     generation: int = Field(ge=0)
     swap_id: str | None = None
@@ -100,8 +115,8 @@ class RuntimeStatus(Message):
 
     SUBJECT: ClassVar[str] = "flexinfer.actuator.status.<namespace>.<model>"
 
-    namespace: str
-    model: str
+    namespace: Name
+    model: Name
     phase: RuntimePhase
     generation: int = Field(ge=0, description="The command generation this observation answers")
     endpoint: str | None = Field(
@@ -109,7 +124,7 @@ class RuntimeStatus(Message):
     )
     message: str = ""
     time: datetime
-    actuator: str = ""
+    actuator: Origin = ""
     pid: int | None = None
 
 
@@ -118,7 +133,7 @@ class ActuatorHello(Message):
 
     SUBJECT: ClassVar[str] = "flexinfer.actuator.hello.<instance>"
 
-    actuator: str
+    actuator: Origin
     backend: str
     time: datetime
 
@@ -153,8 +168,8 @@ class ModelStatusUpdate(Message):
 
     SUBJECT: ClassVar[str] = "flexinfer.status.model.<namespace>.<model>"
 
-    namespace: str
-    model: str
+    namespace: Name
+    model: Name
     status: ModelStatus
     time: datetime
 
@@ -224,8 +239,8 @@ class Route(Message):
 
     SUBJECT: ClassVar[str] = "KV flexinfer_routes, key <namespace>.<model>"
 
-    namespace: str
-    name: str
+    namespace: Name
+    name: Name
     group: str | None = None
     priority: int = 0
     service_labels: list[str] = Field(default_factory=list)
@@ -261,10 +276,10 @@ class LeaseEvent(Message):
     SUBJECT: ClassVar[str] = "flexinfer.events.lease.<group>"
 
     kind: Literal["lease.acquired", "lease.renewed", "lease.released", "lease.expired"]
-    name: str
+    name: Name
     group: str
     owner: str
-    namespace: str = "default"
+    namespace: Name = "default"
     node: str | None = None
     expires_at: datetime | None = None
     time: datetime
@@ -276,8 +291,8 @@ class ModelEvent(Message):
     SUBJECT: ClassVar[str] = "flexinfer.events.model.<group>"
 
     kind: Literal["model.status"] = "model.status"
-    namespace: str
-    model: str
+    namespace: Name
+    model: Name
     group: str | None = None
     status: ModelStatus
     time: datetime

@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Response, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from flexinfer_common.logs import configure_logging, get_logger
+from flexinfer_common.errors import ERROR_RESPONSES, ApiError, install_error_handlers
+from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.metrics import render_latest
 from flexinfer_common.runner import run_until_signalled
 from flexinfer_common.settings import CommonSettings, SettingsError, load_settings
@@ -44,41 +46,39 @@ def add_ops_routes(app: FastAPI, readiness: ReadinessCheck) -> None:
         return Response(body, media_type=content_type)
 
 
-def admin_token_dependency(token: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A FastAPI dependency: when a token is set, ``/api/v1`` calls need ``Authorization: Bearer <token>``."""
+_BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="adminToken",
+    description="FLEXINFER_ADMIN_TOKEN; `flexinfer up` writes the one it generates to .flexinfer/admin-token",
+)
 
-    async def check(request: Request) -> None:
-        if token is None:
+
+def admin_token_dependency(token: str | None) -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency: when a token is set, ``/api/v1`` calls need ``Authorization: Bearer <token>``
+    (401 with ``WWW-Authenticate: Bearer`` otherwise). The OpenAPI names the bearer scheme either way."""
+    expected = token.encode() if token else None
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Security(_BEARER)) -> None:
+        if expected is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if not hmac.compare_digest(given, expected):
+            raise ApiError(401, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
 
     return check
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Errors as ``{"error": {"message", "type", "code"}}``, with validation errors naming the field."""
-    from fastapi.exceptions import RequestValidationError
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+def admin_router(token: str | None) -> APIRouter:
+    """The ``/api/v1`` router of an admin API: the bearer check and the documented error shape on every route."""
+    return APIRouter(prefix="/api/v1", dependencies=[Depends(admin_token_dependency(token))], responses=ERROR_RESPONSES)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return JSONResponse(
-            {"error": {"message": detail, "type": "invalid_request_error", "code": exc.status_code}},
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return JSONResponse(
-            {"error": {"message": "; ".join(parts), "type": "invalid_request_error", "code": 422}},
-            status_code=422,
-        )
+def admin_app(title: str, version: str, readiness: ReadinessCheck) -> FastAPI:
+    """A FastAPI app with the one error shape and the ops endpoints."""
+    app = FastAPI(title=title, version=version)
+    install_error_handlers(app)
+    add_ops_routes(app, readiness)
+    return app
 
 
 class HttpServer:
@@ -151,5 +151,5 @@ def run_service(
     except SettingsError as exc:
         print(f"flexinfer-{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    configure_logging(name, settings.log_level)
+    start_logging(name, settings)
     run_until_signalled(lambda stop: serve(settings, stop))

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from flexinfer_common.durations import parse_duration
 
@@ -26,6 +26,39 @@ Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 class ActuatorKind(StrEnum):
     KUBERNETES = "kubernetes"
     LOCAL = "local"
+
+
+class AdminAuth(StrEnum):
+    """``FLEXINFER_ADMIN_AUTH``: ``required`` (the default) refuses to serve the admin API on a non-loopback address
+    without a token; ``disabled`` allows it (and logs a warning at start)."""
+
+    REQUIRED = "required"
+    DISABLED = "disabled"
+
+
+# The local actuator's default allow-list (``FLEXINFER_LOCAL_COMMANDS`` replaces it): the fake model server that
+# ships with FlexInfer and the common model servers. No shell and no interpreter: either would run anything.
+DEFAULT_LOCAL_COMMANDS: tuple[str, ...] = (
+    "flexinfer-fake-model",
+    "vllm",
+    "llama-server",
+    "ollama",
+    "mlc_llm",
+    "text-generation-launcher",
+    "lmdeploy",
+    "llamafile",
+    "koboldcpp",
+    "tritonserver",
+)
+
+
+def _comma_list(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_list)]
 
 
 class SettingsError(Exception):
@@ -41,7 +74,9 @@ class CommonSettings(BaseSettings):
     actuator: ActuatorKind = ActuatorKind.LOCAL
     namespace: str = "default"
     log_level: str = "INFO"
-    bind_host: str = "0.0.0.0"
+    bind_host: str = "127.0.0.1"
+    admin_auth: AdminAuth = AdminAuth.REQUIRED
+    local_commands: CommaList = DEFAULT_LOCAL_COMMANDS
     instance_id: str = ""
 
     proxy_port: int = Field(8080, ge=0, le=65535)
@@ -88,6 +123,45 @@ class CommonSettings(BaseSettings):
         if upper not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ValueError(f"unknown log level {value!r} (DEBUG, INFO, WARNING or ERROR)")
         return upper
+
+    @field_validator("local_commands")
+    @classmethod
+    def _commands(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from flexinfer_common.local_commands import invalid_entries
+
+        bad = invalid_entries(value)
+        if bad:
+            raise ValueError(
+                f"each entry must be an executable's name or absolute path, not {', '.join(map(repr, bad))}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> CommonSettings:
+        if self.admin_token is None and self.admin_auth is AdminAuth.REQUIRED and not is_loopback_host(self.bind_host):
+            raise ValueError(
+                f"FLEXINFER_BIND_HOST is {self.bind_host!r}, beyond loopback, and FLEXINFER_ADMIN_TOKEN is not set: "
+                "anyone who reaches the port could call the admin API. Set FLEXINFER_ADMIN_TOKEN, or bind to "
+                "127.0.0.1, or set FLEXINFER_ADMIN_AUTH=disabled to serve it without a token anyway"
+            )
+        return self
+
+    def security_warnings(self) -> list[str]:
+        """What a service logs as a warning at start about how it is exposed."""
+        if self.admin_token is None and not is_loopback_host(self.bind_host):
+            return [f"FLEXINFER_ADMIN_AUTH=disabled: the admin API on {self.bind_host} answers anyone without a token"]
+        return []
+
+    def secret_values(self) -> list[str]:
+        """The values no log line may show: every secret setting, and the password in the database URL."""
+        values = [v.get_secret_value() for v in self.__dict__.values() if isinstance(v, SecretStr)]
+        for item in self.__dict__.values():
+            if isinstance(item, tuple):
+                values += [v.get_secret_value() for v in item if isinstance(v, SecretStr)]
+        password = urlsplit(self.database_url).password
+        if password:
+            values.append(password)
+        return [v for v in values if v]
 
     def admin_token_value(self) -> str | None:
         return self.admin_token.get_secret_value() if self.admin_token else None
@@ -146,18 +220,28 @@ def normalize_database_url(value: str) -> str:
         if value.startswith(prefix):
             return "postgresql+asyncpg://" + value[len(prefix) :]
     if not value.startswith("postgresql+asyncpg://"):
-        raise ValueError(f"not a PostgreSQL URL: {value!r} (expected postgresql://user@host:port/db)")
+        # The value is not echoed: a URL carries the password.
+        raise ValueError("not a PostgreSQL URL (expected postgresql://user:password@host:port/db)")
     return value
 
 
 def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or ``localhost``; ``0.0.0.0``, ``::`` and every other address are not."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# Settings whose values are secrets: a bad value is reported without echoing it.
+_SECRET_WORDS = ("token", "key", "password", "secret")
 
 
 S = TypeVar("S", bound=CommonSettings)
@@ -171,9 +255,13 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            if not field:  # a rule over several settings names them in its message
-                problems.append(str(error["msg"]).removeprefix("Value error, "))
+            message = error["msg"].removeprefix("Value error, ")
+            if not field:  # a rule over several settings: its message names them
+                problems.append(message)
                 continue
             variable = ENV_PREFIX + field.upper()
-            problems.append(f"{variable}: {error['msg']} (got {error.get('input')!r})")
+            if any(word in field for word in _SECRET_WORDS) or field == "database_url":
+                problems.append(f"{variable}: {message}")
+            else:
+                problems.append(f"{variable}: {message} (got {error.get('input')!r})")
         raise SettingsError("bad setting: " + "; ".join(problems)) from None

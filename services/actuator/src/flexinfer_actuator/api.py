@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from flexinfer_actuator import __version__
 from flexinfer_actuator.domain.processes import ProcessInfo, ProcessPhase
-from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
+from flexinfer_common.service import ReadinessCheck, admin_app, admin_router
 
 
 class ProcessItem(BaseModel):
@@ -53,10 +53,8 @@ def build_app(
     readiness: ReadinessCheck,
     admin_token: str | None,
 ) -> FastAPI:
-    app = FastAPI(title="FlexInfer actuator", version=__version__)
-    install_error_handlers(app)
-    add_ops_routes(app, readiness)
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(admin_token_dependency(admin_token))])
+    app = admin_app("FlexInfer actuator", __version__, readiness)
+    api = admin_router(admin_token)
 
     @api.get("/processes", response_model=ProcessList, response_model_by_alias=True)
     async def list_processes() -> ProcessList:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -23,7 +22,7 @@ from flexinfer_common.bus import Bus, Consumer, Delivery, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand
+from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand, message_id
 from flexinfer_common.metrics import ACTUATOR_COMMANDS
 
 log = get_logger("flexinfer.actuator")
@@ -50,7 +49,6 @@ class StatusPublisher:
         self._actuator = actuator
         self._clock = clock
         self._last: dict[ModelKey, RuntimeStatus] = {}
-        self._sequence = itertools.count(1)
 
     def last(self, namespace: str, model: str) -> RuntimeStatus | None:
         return self._last.get((namespace, model))
@@ -81,7 +79,7 @@ class StatusPublisher:
     async def _publish(self, status: RuntimeStatus) -> None:
         subject = subjects.runtime_status_subject(status.namespace, status.model)
         # Unique per report (a re-report must not be de-duplicated away), stable across this call's retries.
-        msg_id = f"{self._actuator}:{subjects.route_key(status.namespace, status.model)}:{next(self._sequence)}"
+        msg_id = message_id(self._actuator)
         fields = {
             "namespace": status.namespace,
             "model": status.model,
@@ -151,9 +149,7 @@ class Actuator:
         self._consumer = consumer
         now = self.clock.now()
         hello = ActuatorHello(actuator=self.instance, backend=self.scaler.backend, time=now)
-        await self.bus.publish(
-            subjects.actuator_hello_subject(self.instance), hello, msg_id=f"hello:{self.instance}:{now.isoformat()}"
-        )
+        await self.bus.publish(subjects.actuator_hello_subject(self.instance), hello, msg_id=message_id(self.instance))
         log.info("actuator consuming commands", extra={"actuator": self.instance, "backend": self.scaler.backend})
 
     async def handle(self, command: ScaleCommand, delivery: Delivery) -> None:

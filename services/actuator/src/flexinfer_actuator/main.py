@@ -23,7 +23,7 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.kube.client import KubeClient, describe_target
-from flexinfer_common.logs import configure_logging, get_logger
+from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.runner import run_until_signalled
 from flexinfer_common.service import HttpServer
 from flexinfer_common.settings import ActuatorKind, SettingsError, load_settings
@@ -147,7 +147,7 @@ def run() -> None:
     except SettingsError as exc:
         sys.stderr.write(f"flexinfer-actuator: {exc}\n")
         raise SystemExit(2) from None
-    configure_logging("actuator", settings.log_level)
+    start_logging("actuator", settings)
     try:
         run_until_signalled(functools.partial(serve, settings))
     except ConnectionError as exc:

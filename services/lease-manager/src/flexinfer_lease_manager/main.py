@@ -8,18 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import FastAPI
-
 from flexinfer_common.bus import Bus
 from flexinfer_common.db import create_engine
 from flexinfer_common.logs import get_logger
-from flexinfer_common.service import (
-    HttpServer,
-    add_ops_routes,
-    database_and_bus_readiness,
-    install_error_handlers,
-    run_service,
-)
+from flexinfer_common.service import HttpServer, admin_app, database_and_bus_readiness, run_service
 from flexinfer_lease_manager.settings import LeaseManagerSettings
 
 log = get_logger("flexinfer.lease_manager")
@@ -33,9 +25,7 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event) -> None:
 
     readiness = database_and_bus_readiness(engine, bus)
 
-    app = FastAPI(title="FlexInfer lease manager", version="0.1.0")
-    install_error_handlers(app)
-    add_ops_routes(app, readiness)
+    app = admin_app("FlexInfer lease manager", "0.1.0", readiness)
     http = HttpServer(app, host=settings.bind_host, port=settings.lease_manager_port, name="lease-manager")
     await http.start()
     log.info("lease manager listening", extra={"port": http.port})

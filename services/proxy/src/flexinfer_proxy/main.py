@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 from flexinfer_common.bus import Bus
-from flexinfer_common.logs import configure_logging, get_logger
+from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.runner import run_until_signalled, tune_gc
 from flexinfer_common.settings import SettingsError, load_settings
 from flexinfer_proxy.app import Proxy
@@ -37,7 +37,7 @@ def run() -> None:
     except SettingsError as exc:
         print(f"flexinfer-proxy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    configure_logging("proxy", settings.log_level)
+    start_logging("proxy", settings)
 
     async def main(stop: asyncio.Event) -> None:
         await serve(settings, stop)

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Response
-from fastapi.responses import JSONResponse
+from fastapi import Body, FastAPI, Query, Response
 
+from flexinfer_common.admin_api import Group, GroupList, ModelList, Swap, SwapList
 from flexinfer_common.clock import Clock, rfc3339
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
+from flexinfer_common.errors import ApiError, ErrorBody, ErrorCode
+from flexinfer_common.local_commands import check_local_command
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
-from flexinfer_common.service import ReadinessCheck, add_ops_routes, admin_token_dependency, install_error_handlers
+from flexinfer_common.service import ReadinessCheck, admin_app, admin_router
 from flexinfer_scheduler.adapters.store import API_ORIGIN, Store, visible_group
 from flexinfer_scheduler.domain.election import cooldown_remaining
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
@@ -24,6 +26,10 @@ def model_json(row: ModelRow) -> dict[str, Any]:
     out["metadata"] = {**out.get("metadata", {}), "namespace": row.namespace, "generation": row.spec_generation}
     out["status"] = model_status(row).model_dump(mode="json", by_alias=True, exclude_none=True)
     return out
+
+
+def model_resource(row: ModelRow) -> Model:
+    return Model.model_validate(model_json(row))
 
 
 def swap_json(row: SwapRow) -> dict[str, Any]:
@@ -48,42 +54,46 @@ def _manifest(body: Any, kind: type[Model] | type[GPUGroup]) -> Any:
     try:
         resource = parse_resource(body)
     except ManifestError as exc:
-        raise HTTPException(status_code=422, detail=str(exc)) from None
+        raise ApiError(422, str(exc)) from None
     if not isinstance(resource, kind):
-        raise HTTPException(status_code=422, detail=f"expected a {kind.__name__} manifest, got {resource.kind}")
+        raise ApiError(422, f"expected a {kind.__name__} manifest, got {resource.kind}")
     return resource
 
 
 def _refuse_if_watched(row: ModelRow | GroupRow | None, what: str) -> None:
     """A resource synced from Kubernetes is changed there: an admin API write would be undone by the next sync."""
     if row is not None and row.source != API_ORIGIN.source:
-        raise HTTPException(
-            status_code=409,
-            detail=f"{what} is managed in Kubernetes (source {row.source!r}): change it with kubectl, not this API",
+        raise ApiError(
+            409, f"{what} is managed in Kubernetes (source {row.source!r}): change it with kubectl, not this API"
         )
 
 
 def create_app(
     *, store: Store, scheduler: Scheduler, clock: Clock, admin_token: str | None, readiness: ReadinessCheck
 ) -> FastAPI:
-    app = FastAPI(title="FlexInfer scheduler", version="0.1.0")
-    install_error_handlers(app)
-    add_ops_routes(app, readiness)
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(admin_token_dependency(admin_token))])
+    app = admin_app("FlexInfer scheduler", "0.1.0", readiness)
+    api = admin_router(admin_token)
+    created_or_updated: dict[int | str, dict[str, Any]] = {
+        201: {"model": Model, "description": "Created"},
+        409: {"model": ErrorBody, "description": "Conflict"},
+    }
 
-    @api.get("/models")
-    async def list_models() -> dict[str, Any]:
-        return {"items": [model_json(r) for r in await store.models()]}
+    @api.get("/models", response_model=ModelList, response_model_by_alias=True)
+    async def list_models() -> ModelList:
+        """Every Model, its manifest with ``status``."""
+        return ModelList(items=[model_resource(r) for r in await store.models()])
 
-    @api.get("/models/{namespace}/{name}")
-    async def get_model(namespace: str, name: str) -> dict[str, Any]:
+    @api.get("/models/{namespace}/{name}", response_model=Model, response_model_by_alias=True)
+    async def get_model(namespace: str, name: str) -> Model:
         row = await store.model(namespace, name)
         if row is None:
-            raise HTTPException(status_code=404, detail=f"model {namespace}/{name} not found")
-        return model_json(row)
+            raise ApiError(404, f"model {namespace}/{name} not found")
+        return model_resource(row)
 
-    @api.put("/models/{namespace}/{name}")
-    async def put_model(namespace: str, name: str, body: Any = Body(...)) -> JSONResponse:
+    @api.put("/models/{namespace}/{name}", response_model=Model, responses=created_or_updated)
+    async def put_model(namespace: str, name: str, response: Response, body: Any = Body(...)) -> Model:
+        """Create (201) or update (200) a Model from its manifest. A ``spec.local.command`` whose executable
+        FLEXINFER_LOCAL_COMMANDS does not allow is refused with 422 (code ``command_not_allowed``)."""
         if isinstance(body, dict):
             metadata = body.setdefault("metadata", {}) if isinstance(body.get("metadata", {}), dict) else None
             if metadata is not None:
@@ -91,56 +101,64 @@ def create_app(
                 metadata.setdefault("namespace", namespace)
         model: Model = _manifest(body, Model)
         if model.name != name or model.namespace != namespace:
-            raise HTTPException(
-                status_code=422,
-                detail=f"metadata names {model.namespace}/{model.name} but the path names {namespace}/{name}",
-            )
+            raise ApiError(422, f"metadata names {model.namespace}/{model.name} but the path names {namespace}/{name}")
         _refuse_if_watched(await store.model(namespace, name), f"model {namespace}/{name}")
+        verdict = check_local_command(
+            model.spec.local.command, model.spec.local.env, allowed=scheduler.settings.local_commands
+        )
+        if not verdict.allowed:
+            raise ApiError(422, verdict.message, ErrorCode.COMMAND_NOT_ALLOWED)
         row, created = await store.put_model(model, clock.now())
         if created:
             await scheduler.announce(row)
         scheduler.kick()
-        return JSONResponse(model_json(row), status_code=201 if created else 200)
+        response.status_code = 201 if created else 200
+        return model_resource(row)
 
-    @api.delete("/models/{namespace}/{name}")
-    async def delete_model(namespace: str, name: str) -> dict[str, Any]:
+    @api.delete("/models/{namespace}/{name}", response_model=Model, response_model_by_alias=True)
+    async def delete_model(namespace: str, name: str) -> Model:
         _refuse_if_watched(await store.model(namespace, name), f"model {namespace}/{name}")
         row = await store.delete_model(namespace, name)
         if row is None:
-            raise HTTPException(status_code=404, detail=f"model {namespace}/{name} not found")
+            raise ApiError(404, f"model {namespace}/{name} not found")
         await scheduler.forget_route(namespace, name)
         scheduler.kick()
-        return model_json(row)
+        return model_resource(row)
 
-    @api.post("/models/{namespace}/{name}/promote")
-    async def promote(namespace: str, name: str) -> dict[str, Any]:
+    @api.post("/models/{namespace}/{name}/promote", response_model=Model, response_model_by_alias=True)
+    async def promote(namespace: str, name: str) -> Model:
+        """Make the model its group's leader now (``spec.gpu.forcePromotion``; a GPU lease still beats it)."""
         row = await store.set_promoted(namespace, name, clock.now())
         if row is None:
-            raise HTTPException(status_code=404, detail=f"model {namespace}/{name} not found")
+            raise ApiError(404, f"model {namespace}/{name} not found")
         scheduler.kick()
-        return model_json(row)
+        return model_resource(row)
 
-    @api.put("/gpugroups/{name}")
-    async def put_gpugroup(name: str, body: Any = Body(...)) -> JSONResponse:
+    @api.put(
+        "/gpugroups/{name}",
+        response_model=GPUGroup,
+        response_model_by_alias=True,
+        response_model_exclude_none=True,
+        responses=created_or_updated,
+    )
+    async def put_gpugroup(name: str, response: Response, body: Any = Body(...)) -> GPUGroup:
+        """Create (201) or update (200) a v1alpha1 GPUGroup."""
         if isinstance(body, dict) and isinstance(body.get("metadata", {}), dict):
             body.setdefault("metadata", {}).setdefault("name", name)
         group: GPUGroup = _manifest(body, GPUGroup)
         if group.name != name:
-            raise HTTPException(
-                status_code=422, detail=f"metadata.name {group.name!r} differs from the path's {name!r}"
-            )
+            raise ApiError(422, f"metadata.name {group.name!r} differs from the path's {name!r}")
         _refuse_if_watched(await store.group(name), f"GPUGroup {name}")
         created = await store.put_gpugroup(group, clock.now())
         scheduler.kick()
-        return JSONResponse(
-            group.model_dump(mode="json", by_alias=True, exclude_none=True), status_code=201 if created else 200
-        )
+        response.status_code = 201 if created else 200
+        return group
 
-    @api.delete("/gpugroups/{name}")
+    @api.delete("/gpugroups/{name}", status_code=204, response_class=Response)
     async def delete_gpugroup(name: str) -> Response:
         _refuse_if_watched(await store.group(name), f"GPUGroup {name}")
         if not await store.delete_group(name):
-            raise HTTPException(status_code=404, detail=f"GPUGroup {name} not found")
+            raise ApiError(404, f"GPUGroup {name} not found")
         scheduler.kick()
         return Response(status_code=204)
 
@@ -155,20 +173,22 @@ def create_app(
             out.append(group_json(snapshot, rows.get(snapshot.name), world.models, now, scheduler))
         return out
 
-    @api.get("/groups")
-    async def list_groups() -> dict[str, Any]:
-        return {"items": await groups_json()}
+    @api.get("/groups", response_model=GroupList, response_model_by_alias=True)
+    async def list_groups() -> GroupList:
+        return GroupList(items=[Group.model_validate(item) for item in await groups_json()])
 
-    @api.get("/groups/{group}")
-    async def get_group(group: str) -> dict[str, Any]:
+    @api.get("/groups/{group}", response_model=Group, response_model_by_alias=True)
+    async def get_group(group: str) -> Group:
         for item in await groups_json():
             if item["name"] == group:
-                return item
-        raise HTTPException(status_code=404, detail=f"group {group} not found")
+                return Group.model_validate(item)
+        raise ApiError(404, f"group {group} not found")
 
-    @api.get("/swaps")
-    async def list_swaps(limit: int = 200) -> dict[str, Any]:
-        return {"items": [swap_json(r) for r in await store.swaps(limit)]}
+    @api.get("/swaps", response_model=SwapList, response_model_by_alias=True)
+    async def list_swaps(
+        limit: int = Query(200, ge=1, le=10_000, description="At most this many, newest first"),
+    ) -> SwapList:
+        return SwapList(items=[Swap.model_validate(swap_json(r)) for r in await store.swaps(limit)])
 
     app.include_router(api)
     return app

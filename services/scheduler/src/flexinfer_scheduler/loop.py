@@ -38,6 +38,7 @@ from flexinfer_common.messages import (
     ScaleCommand,
     SharedGroupStatus,
     SwapEvent,
+    message_id,
     new_id,
 )
 from flexinfer_common.metrics import (
@@ -406,7 +407,7 @@ class Scheduler:
         await self._safe_publish(
             subjects.command_subject(row.namespace, row.name),
             message,
-            msg_id=None if command.reissue else f"{row.namespace}/{row.name}:{command.generation}",
+            msg_id=message_id("scheduler"),
         )
 
     async def _publish_route(self, key: ModelKey, group: str, row: ModelRow, view: StatusView, now: datetime) -> None:

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,8 +48,10 @@ from flexinfer_actuator.ports import StatusSink
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import RuntimePhase
+from flexinfer_common.local_commands import check_local_command
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import RuntimeSpec
+from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS
 
 log = get_logger("flexinfer.actuator.local")
 
@@ -149,6 +152,7 @@ class LocalProcessScaler:
         readiness_probe_interval: timedelta,
         park_grace_period: timedelta,
         load_timeout: timedelta,
+        local_commands: tuple[str, ...] = DEFAULT_LOCAL_COMMANDS,
         clock: Clock | None = None,
     ) -> None:
         self.logs_dir = Path(state_dir).absolute() / "logs"
@@ -156,6 +160,7 @@ class LocalProcessScaler:
         self._probe_interval = readiness_probe_interval.total_seconds()
         self._grace = park_grace_period.total_seconds()
         self._load_timeout = load_timeout.total_seconds()
+        self._allowed = local_commands
         self._clock = clock or SystemClock()
         self._runtimes: dict[ModelKey, _Runtime] = {}
         self._report_locks: dict[ModelKey, asyncio.Lock] = {}
@@ -170,6 +175,7 @@ class LocalProcessScaler:
             readiness_probe_interval=settings.readiness_probe_interval,
             park_grace_period=settings.park_grace_period,
             load_timeout=settings.load_timeout,
+            local_commands=settings.local_commands,
         )
 
     # ------------------------------------------------------------------ the Scaler protocol
@@ -268,8 +274,18 @@ class LocalProcessScaler:
     # ------------------------------------------------------------------ starting and stopping
 
     async def _start(self, spec: RuntimeSpec, generation: int) -> None:
+        where = {"namespace": spec.namespace, "model": spec.name}
+        verdict = check_local_command(spec.command, spec.env, allowed=self._allowed)
+        base_env = _base_environment()
+        # A bare name is looked up on this actuator's PATH, never on one the manifest could set.
+        executable = shutil.which(spec.command[0], path=base_env.get("PATH")) if verdict.allowed else None
+        if not verdict.allowed or executable is None:
+            message = verdict.message or f"cannot start {spec.command[0]!r}: not found on the actuator's PATH"
+            log.warning("refused to start a model process", extra={**where, "rule": verdict.rule.value})
+            await self._report(Observation(spec.namespace, spec.name, RuntimePhase.FAILED, generation, message=message))
+            return
         port = spec.port or free_loopback_port()
-        argv = render_command(spec.command, port)
+        argv = render_command([executable, *spec.command[1:]], port)
         log_path = self.logs_dir / log_file_name(spec.namespace, spec.name)
         started_at = self._clock.now()
         try:
@@ -284,7 +300,7 @@ class LocalProcessScaler:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=process_environment(_base_environment(), spec, port),
+                    env=process_environment(base_env, spec, port),
                     start_new_session=True,
                     preexec_fn=_die_with_parent(os.getpid()),
                 )

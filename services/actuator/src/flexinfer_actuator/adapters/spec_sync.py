@@ -23,7 +23,7 @@ from flexinfer_common.clock import Clock
 from flexinfer_common.kube.client import Object
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import SpecChange, SpecResync, new_id
+from flexinfer_common.messages import SpecChange, SpecResync, message_id
 
 log = get_logger("flexinfer.actuator.specs")
 
@@ -186,7 +186,7 @@ class SpecSync:
     async def _send(self) -> None:
         while True:
             subject, message = await self._outbox.get()
-            msg_id = new_id()  # the same id for every retry of this one publish
+            msg_id = message_id("spec-sync")  # the same id for every retry of this one publish
             delay = 0.2
             while True:
                 try:

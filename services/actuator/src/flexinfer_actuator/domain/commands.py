@@ -82,9 +82,16 @@ def render_command(argv: list[str], port: int) -> list[str]:
     return [arg.replace(PORT_PLACEHOLDER, str(port)) for arg in argv]
 
 
+# Our settings that are secrets: a model process (code we do not control) never sees them.
+SECRET_VARIABLES = frozenset(
+    {"FLEXINFER_ADMIN_TOKEN", "FLEXINFER_PROXY_API_KEYS", "FLEXINFER_DATABASE_URL", "FLEXINFER_NATS_URL"}
+)
+
+
 def process_environment(base: dict[str, str], spec: RuntimeSpec, port: int) -> dict[str, str]:
-    """The environment of a model process: ours, then the spec's ``env``, then ``PORT``."""
-    return {**base, **spec.env, "PORT": str(port)}
+    """The environment of a model process: ours without our secrets, then the spec's ``env``, then ``PORT``."""
+    own = {k: v for k, v in base.items() if k not in SECRET_VARIABLES}
+    return {**own, **spec.env, "PORT": str(port)}
 
 
 def readiness_url(port: int, readiness_path: str) -> str:

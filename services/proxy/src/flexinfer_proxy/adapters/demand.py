@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pydantic import BaseModel
 from flexinfer_common import subjects
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import Demand
+from flexinfer_common.messages import Demand, message_id
 from flexinfer_proxy.domain.demand import (
     DemandReport,
     activity_due,
@@ -83,7 +82,6 @@ class DemandSignaller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
         self._failing = False
         self._last_sent: dict[ModelKey, datetime] = {}  # the ``time`` of the last message about each model
         self.last_error: str | None = None
@@ -195,7 +193,7 @@ class DemandSignaller:
                 await self._publisher.publish(
                     subjects.demand_subject(key.namespace, key.name),
                     message,
-                    msg_id=f"{self.source}-{next(self._ids)}",
+                    msg_id=message_id(self.source),
                 )
         except asyncio.CancelledError:
             raise

@@ -67,6 +67,7 @@ async def test_flexinfer_up_with_a_kubeconfig_drives_the_cluster(kube: KubeClust
                 await asyncio.sleep(0.2)
         (await kube.kubectl("apply", "-f", "examples/kubernetes/homelab.yaml")).check()
         env["FLEXINFER_SCHEDULER_URL"] = f"http://127.0.0.1:{ports['SCHEDULER']}"
+        env["FLEXINFER_STATE_DIR"] = str(tmp_path / "state")  # where `up` keeps the admin token it generated
         async with asyncio.timeout(30):  # the actuator hands the applied Models to the scheduler
             while True:
                 listed = json.loads(await run_cli(env, "get", "models", "-o", "json"))["items"]

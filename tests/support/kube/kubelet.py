@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import copy
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -61,6 +62,9 @@ def _kill_leftovers() -> None:
 
 
 atexit.register(_kill_leftovers)
+
+
+_CLUSTERS = itertools.count(random.randint(0, 255))  # one block of Pod addresses per cluster started here
 
 
 @dataclass
@@ -177,8 +181,9 @@ class FakeKubelet:
         self._runs: dict[str, list[ContainerRun]] = {}  # pod uid -> containers
         self._ips: dict[str, str] = {}  # pod uid -> IP
         self._wakeups: dict[str, asyncio.Event] = {}  # pod uid -> "your pod changed"
-        prefix = (random.randint(16, 250), random.randint(0, 255))
-        self._ip_base = prefix
+        # 127.<this process>.<this cluster>.N: no two clusters of one test session share an address, and concurrent
+        # sessions on one machine differ in the second octet (the process id) unless their ids clash mod 234.
+        self._ip_base = (16 + os.getpid() % 234, next(_CLUSTERS) % 256)
         self._next_ip = 2
         #: Exceptions raised inside the controllers or workers (a fixture fails the test if any).
         self.errors: list[BaseException] = []
@@ -734,7 +739,9 @@ class FakeKubelet:
         a, b = self._ip_base
         n = self._next_ip
         self._next_ip += 1
-        ip = f"127.{a}.{(b + n // 254) % 256}.{n % 254 + 1}"
+        if n > 254:
+            raise RuntimeError("the fake node has handed out all of its 253 Pod addresses")
+        ip = f"127.{a}.{b}.{n}"
         self._ips[uid] = ip
         return ip
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.kube import KubeCluster, Reason
 from tests.support.kube.store import PatchType
-from tests.support.kube_models import PodsRecorder, add_model, create, model_deployment, model_resource
+from tests.support.kube_models import PodsRecorder, add_model, create, known, model_deployment, model_resource
 from tests.support.system import System, running_system
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,7 @@ async def test_a_request_for_the_parked_model_swaps_the_deployments(
             kubeconfig=kube.kubeconfig,
             shared_demand_window=1.5,
         ) as system:
+            await known(system, "a", "b")
             # a wins the fallback election (same priority, alphabetical): its Deployment is scaled up.
             await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
             await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
@@ -224,6 +225,7 @@ async def test_active_services_annotation_follows_the_active_model(
         kubeconfig=kube.kubeconfig,
         shared_demand_window=1.0,
     ) as system:
+        await known(system, "a", "b")
         await kube.wait_for(
             lambda: (annotation("a"), annotation("b")) == ("chat,assistant", ""), message="a's labels, b empty"
         )
@@ -261,6 +263,7 @@ async def test_gpugroup_status_names_the_active_model_and_the_queue(
         database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
     ) as system:
         group = lambda: (kube.get("GPUGroup", "pair") or {}).get("status") or {}  # noqa: E731
+        await known(system, "x", "y")
         status, _, _ = await chat(system, "x", "first")
         assert status == 200
         await kube.wait_for(lambda: group().get("activeModel") == "x", message="x holds the GPU")
@@ -371,6 +374,7 @@ async def test_an_actuator_killed_between_parking_and_activating_completes_the_s
             kubeconfig=kube.kubeconfig,
             shared_demand_window=1.0,
         ) as system:
+            await known(system, "a", "b")
             await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
             # b's Deployment cannot be scaled for now: the swap stops between "a parked" and "b activated".
             blocked = kube.inject_error(
@@ -412,6 +416,7 @@ async def test_two_actuator_replicas_one_acts_and_the_other_takes_over(
         kubeconfig=kube.kubeconfig,
         shared_demand_window=1.0,
     ) as system:
+        await known(system, "a", "b")
         await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
         await system.start_service("actuator-2", "actuator", instance_id="actuator-two")
         lease = lambda: (kube.get("leases", "flexinfer-actuator") or {}).get("spec", {})  # noqa: E731
@@ -511,6 +516,7 @@ async def test_the_seeds_kubectl_columns_move_as_requests_arrive(
         kubeconfig=kube.kubeconfig,
         shared_demand_window=2.0,
     ) as system:
+        await known(system, "chat-small", "chat-large")
         # Nobody asked yet: the highest priority is loaded as the fallback leader.
         (await kube.kubectl("wait", "--for=condition=Active", "model/chat-large", "--timeout=30s")).check()
         (await kube.kubectl("wait", "--for=condition=Ready", "model/chat-large", "--timeout=30s")).check()

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
-from tests.support.kube import KubeCluster
-from tests.support.kube_models import add_model, create, model_deployment, model_resource
+from tests.integration.test_kubernetes_rendering import model as rendering_model
+from tests.integration.test_kubernetes_rendering import rendering_options
+from tests.support.kube import KubeCluster, NodeConfig, running_cluster
+from tests.support.kube_models import add_model, create, known, model_deployment, model_resource
 from tests.support.system import running_system
 from tests.unit.test_charts import CHARTS, render
 
@@ -35,8 +37,22 @@ def chart_permissions() -> set[Permission]:
 
 
 async def test_the_chart_grants_exactly_what_the_actuator_calls(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    database_url: str, clean_nats: str, tmp_path: Path
 ) -> None:
+    # Several models at once (two groups and a rendered solo model): a node with enough GPUs for all.
+    async with running_cluster(tmp_path / "kube", node=NodeConfig(capacity={"nvidia.com/gpu": 4})) as kube:
+        await exercise_everything(kube, database_url, clean_nats, tmp_path)
+        called = {
+            (c.api_group, c.resource_path, c.verb)
+            for c in kube.calls()
+            if c.user_agent.startswith("flexinfer-actuator") and c.resource
+        }
+    granted = chart_permissions()
+    assert called - granted == set(), f"calls the chart does not allow: {sorted(called - granted)}"
+    assert granted - called == set(), f"rules the code never needs: {sorted(granted - called)}"
+
+
+async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path) -> None:
     for name in ("a", "b"):
         await create(
             kube,
@@ -61,11 +77,32 @@ async def test_the_chart_grants_exactly_what_the_actuator_calls(
             "spec": {"models": [{"name": "x"}, {"name": "y"}]},
         },
     )
+    # A rendered model with the flash-loader: its Deployment and Service are created, changed while parked, and its
+    # tmpfs copy is cleaned up by a Job when it is deleted.
+    options = rendering_options(tmp_path)
+    weights = tmp_path / "claims" / "weights" / "r"
+    weights.mkdir(parents=True)
+    (weights / "w.bin").write_bytes(b"w")
+    rendered = {"backend": "fake-from-volume", "source": "pvc://weights/r", "cache": {"strategy": "Memory"}}
+    await create(kube, {**rendering_model("r", **rendered)})
     kube.inject_conflicts(1, resource="models", subresource="status")
     kube.inject_conflicts(1, resource="gpugroups", subresource="status")
     async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
+        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig, **options
     ) as system:
+        await kube.wait_for(lambda: kube.get("deployments", "r"), message="r rendered")
+        await known(system, "r")
+        status, _, _ = await chat(system, "r", "hi")
+        assert status == 200
+        await kube.wait_for(
+            lambda: "ai.flexinfer/flash-nodes" in kube.get("deployments", "r")["metadata"]["annotations"],
+            message="r's node recorded",
+        )
+        (
+            await kube.kubectl("patch", "model/r", "--type=merge", "-p", '{"spec":{"kubernetes":{"env":{"X":"1"}}}}')
+        ).check()
+        (await kube.kubectl("delete", "model", "r")).check()
+        await kube.wait_for(lambda: kube.list("jobs.batch"), message="the cleanup Job")
         await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready")
         status, _, _ = await chat(system, "a", "hi")
         assert status == 200
@@ -79,12 +116,3 @@ async def test_the_chart_grants_exactly_what_the_actuator_calls(
             message="the repeated event counted",
         )
         await asyncio.sleep(0.5)  # a last renewal of the Lease, status writes in flight
-
-    called = {
-        (c.api_group, c.resource_path, c.verb)
-        for c in kube.calls()
-        if c.user_agent.startswith("flexinfer-actuator") and c.resource
-    }
-    granted = chart_permissions()
-    assert called - granted == set(), f"calls the chart does not allow: {sorted(called - granted)}"
-    assert granted - called == set(), f"rules the code never needs: {sorted(granted - called)}"

@@ -3,6 +3,7 @@ API as a user would, and a recorder of the invariant "never two Pods of one grou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 from tests.support.kube import KubeCluster
 from tests.support.kube.builders import deployment
 from tests.support.kube.store import StoredEvent
+from tests.support.system import System
 
 
 def model_resource(
@@ -94,3 +96,14 @@ class PodsRecorder:
     def assert_never_two(self) -> None:
         crowded = [s for s in self.seen if len(s) > 1]
         assert not crowded, f"two models of one group had Pods at once: {crowded} (all: {self.seen})"
+
+
+async def known(system: System, *names: str, within: float = 30.0) -> None:
+    """Wait until the scheduler has the Models (the actuator's watch hands them on a moment after the API server
+    has them; a request sent before that gets 404, as it would for any unknown model)."""
+    async with asyncio.timeout(within):
+        while True:
+            items = (await system.get("scheduler", "/api/v1/models"))["items"]
+            if set(names) <= {m["metadata"]["name"] for m in items}:
+                return
+            await asyncio.sleep(0.05)

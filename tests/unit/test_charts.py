@@ -322,11 +322,12 @@ ACTUATOR_RULES = {
     ("ai.flexinfer", "gpugroups", frozenset({"get", "list", "watch"})),
     ("ai.flexinfer", "models/status", frozenset({"patch"})),
     ("ai.flexinfer", "gpugroups/status", frozenset({"patch"})),
-    ("apps", "deployments", frozenset({"list", "watch"})),
+    ("apps", "deployments", frozenset({"list", "watch", "create", "patch"})),
     ("apps", "deployments/scale", frozenset({"patch"})),
     ("", "pods", frozenset({"list", "watch"})),
-    ("", "services", frozenset({"list", "watch", "patch"})),
+    ("", "services", frozenset({"list", "watch", "create", "patch"})),
     ("", "events", frozenset({"create", "patch"})),
+    ("batch", "jobs", frozenset({"create"})),
 }
 
 
@@ -344,10 +345,12 @@ def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
     assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
 
     role = one(documents, "ClusterRole")
-    # Exactly what the code calls (the integration test against the API emulator checks the other direction):
-    # the scale subresource, never patch/update on Deployments themselves; nothing on Secrets.
+    # Exactly what the code calls (the integration test against the API emulator checks the other direction): the
+    # scale subresource for every model; create/patch of Deployments and Services only for those it renders (the
+    # code patches only what it owns); Jobs to clean tmpfs copies; nothing on Secrets, no update, no delete.
     assert _rule_set(role) == ACTUATOR_RULES
-    assert not _allows(role, "apps", "deployments", {"patch"})
+    assert not _allows(role, "apps", "deployments", {"update"})
+    assert not _allows(role, "apps", "deployments", {"delete"})
     assert not _allows(role, "", "secrets", {"get"})
 
     binding = one(documents, "ClusterRoleBinding")

@@ -84,12 +84,27 @@ class CacheSpec(_Spec):
 
 class EndpointSpec(_Spec):
     port: int | None = Field(None, ge=1, le=65535)
-    readiness_path: str = Field("/health", alias="readinessPath")
+    # unset: /health (a rendered workload: its backend's readiness path)
+    readiness_path: str | None = Field(None, alias="readinessPath")
 
 
 class LocalSpec(_Spec):
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+
+
+class KubernetesSpec(_Spec):
+    """Kubernetes mode, for the Deployment FlexInfer renders (no ``spec.deployment``): what the backend's defaults
+    (the actuator's settings, chart values) do not say, or say otherwise for this model."""
+
+    image: str | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: int = Field(1, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict)
 
 
 class ModelSpec(_Spec):
@@ -102,6 +117,7 @@ class ModelSpec(_Spec):
     endpoint: EndpointSpec = Field(default_factory=EndpointSpec)
     deployment: str | None = None
     local: LocalSpec = Field(default_factory=LocalSpec)
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
 
 
 class Model(_Spec):

@@ -84,11 +84,18 @@ class RuntimeSpec(Message):
     port: int | None = None
     readiness_path: str = "/health"
     park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO
+    rendered: bool = Field(
+        False, description="Kubernetes mode: the Deployment is rendered by the actuator (it may not exist yet)"
+    )
     drain_seconds: float | None = Field(
         None,
         description="How long a parked model may finish in-flight requests before it is killed "
         "(a v1alpha1 group's drainTimeoutSeconds); the actuator's own grace period when unset",
     )
+
+
+WOKEN = "woken from sleep"
+"""The message of a ``Ready`` report whose server was woken (parkStrategy Sleep), not started: not a cold start."""
 
 
 class ScaleCommand(Message):
@@ -249,6 +256,9 @@ class Route(Message):
     ready: bool = False
     endpoint: str | None = None
     failure: str | None = Field(None, description="Why the model cannot load; the proxy fails its queue with 503")
+    woken: bool = Field(
+        False, description="Ready because its sleeping server was woken: a request that waited is not a cold start"
+    )
     generation: int = 0
     updated_at: datetime
 

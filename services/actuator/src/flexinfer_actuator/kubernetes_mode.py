@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.adapters.kubernetes import KubernetesScaler
+from flexinfer_actuator.adapters.renderer import WorkloadRenderer
 from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
 from flexinfer_actuator.adapters.status_writer import StatusWriter
 from flexinfer_actuator.domain.processes import ProcessInfo
@@ -47,6 +48,7 @@ class Term:
     scaler: KubernetesScaler
     spec_sync: SpecSync
     status_writer: StatusWriter
+    renderer: WorkloadRenderer
     events: EventRecorder
     actuator: Actuator
 
@@ -123,6 +125,7 @@ class KubernetesMode:
             for informer in term.informers:
                 informer.start()
             term.spec_sync.start()
+            term.renderer.start()
             await term.status_writer.start()
             # Commands only once the Deployments and Pods are known: a command is judged against them.
             await asyncio.gather(*(i.wait_synced() for i in term.informers))
@@ -143,6 +146,7 @@ class KubernetesMode:
                 await term.actuator.stop()  # stops consuming; the scaler leaves Deployments as they are
             await term.status_writer.stop()
             await term.spec_sync.stop()
+            await term.renderer.stop()
             await term.events.flush()
             for informer in term.informers:
                 await informer.stop()
@@ -176,6 +180,17 @@ class KubernetesMode:
             errors=errors,
             events=events,
             clock=self.clock,
+        )
+        renderer = WorkloadRenderer(
+            client=client,
+            models=models,
+            deployments=deployments,
+            services=services,
+            pods=pods,
+            settings=self.settings.render_settings(),
+            errors=errors,
+            note=events.record,
+            cleanup_toleration=self.settings.cleanup_toleration,
         )
         scaler = KubernetesScaler(
             client=client,
@@ -217,4 +232,6 @@ class KubernetesMode:
             # Nothing runs in this process: a park still waiting for Pods to go is safely left to the next leader.
             drain_timeout=2.0,
         )
-        return Term([models, groups, deployments, pods, services], scaler, spec_sync, status_writer, events, actuator)
+        return Term(
+            [models, groups, deployments, pods, services], scaler, spec_sync, status_writer, renderer, events, actuator
+        )

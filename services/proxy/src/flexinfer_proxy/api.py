@@ -247,7 +247,10 @@ class ProxyHandler:
                     model=str(key),
                     body=body,
                     retry=self._retry_safe(request, target, body),
-                    extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
+                    # A server woken from sleep was not started: the wait was short, and not a cold start.
+                    extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)),)
+                    if route.woken
+                    else ((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
                     on_sent=started,
                 )
             except NeverConnected as exc:

@@ -27,6 +27,7 @@ from flexinfer_common.db import ModelRow
 from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import (
+    WOKEN,
     ActuatorHello,
     Demand,
     GroupStatusUpdate,
@@ -423,6 +424,7 @@ class Scheduler:
             row.endpoint if ready else None,
             view.failure,
             row.command_generation,
+            ready and row.runtime_message == WOKEN,
         )
         if self._routes.get(key) == fields:
             return  # write only what changed: a quiet system publishes nothing
@@ -438,6 +440,7 @@ class Scheduler:
             endpoint=fields[6],
             failure=view.failure,
             generation=row.command_generation,
+            woken=fields[9],
             updated_at=now,
         )
         try:

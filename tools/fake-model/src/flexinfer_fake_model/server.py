@@ -68,6 +68,7 @@ class FakeModelConfig:
     response_delay: float = 0.0
     wake_delay: float = 0.2
     fail_load: bool = False
+    sleep_mode: bool = True  # False: like a server started without vLLM's --enable-sleep-mode (404 on /sleep)
 
 
 @dataclass
@@ -332,6 +333,8 @@ async def list_models(request: web.Request) -> web.Response:
 async def sleep(request: web.Request) -> web.Response:
     state = _state(request)
     level_raw = request.query.get("level", "1")
+    if not state.config.sleep_mode:
+        raise web.HTTPNotFound(text="sleep mode is not enabled")
     if level_raw not in ("1", "2"):
         raise _bad_request(f"'level' must be 1 or 2, got {level_raw!r}", param="level")
     if not state.loaded:
@@ -784,6 +787,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FakeModelConfig, str]
         shown = "required" if fallback is None else f"default {fallback}"
         parser.add_argument(opt, dest=dest, type=conv, default=None, help=f"{help_} (env {env}; {shown})")
     parser.add_argument(
+        "--no-sleep-mode",
+        dest="no_sleep_mode",
+        action="store_true",
+        default=None,
+        help="answer 404 to POST /sleep, as a server without sleep mode (env FAKE_MODEL_NO_SLEEP_MODE=1)",
+    )
+    parser.add_argument(
         "--fail-load",
         action="store_true",
         default=None,
@@ -795,6 +805,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FakeModelConfig, str]
     for dest, _opt_name, env, conv, fallback, _help in [
         *_OPTIONS,
         ("fail_load", "--fail-load", "FAKE_MODEL_FAIL_LOAD", _flag, False, ""),
+        ("no_sleep_mode", "--no-sleep-mode", "FAKE_MODEL_NO_SLEEP_MODE", _flag, False, ""),
     ]:
         value = getattr(args, dest)
         if value is None:
@@ -810,6 +821,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FakeModelConfig, str]
     if values["port"] is None:
         parser.error("--port is required (or set FAKE_MODEL_PORT)")
     log_level = values.pop("log_level")
+    values["sleep_mode"] = not values.pop("no_sleep_mode")
     return FakeModelConfig(**values), log_level
 
 

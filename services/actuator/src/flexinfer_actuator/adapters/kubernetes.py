@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 import stamina
 
 from flexinfer_actuator.adapters.events import EventRecorder
+from flexinfer_actuator.adapters.sleep_mode import SleepMode
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
 from flexinfer_actuator.domain.resources import EventType, Note
 from flexinfer_actuator.domain.workloads import (
@@ -68,6 +69,10 @@ class _Model:
     finished: bool = False  # a Failed verdict was reported: nothing more until the next command
     reported: tuple[RuntimePhase, str | None, str] | None = None
     started_at: datetime | None = None
+    sleeping_pod: str | None = None  # parked asleep in this Pod (parkStrategy Sleep)
+    woken_pod: str | None = None  # woken in this Pod: Ready by wake_up's answer
+    sleep_fallback: str = ""  # why a Sleep park scaled to zero instead
+    restarting: str | None = None  # waking failed: restarting
 
     @property
     def deployment(self) -> str:
@@ -114,6 +119,7 @@ class KubernetesScaler:
         self._dirty: set[ModelKey] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sleep_mode = SleepMode(timeout=self._load_timeout)
         deployments.on_change(self._deployment_changed)
         pods.on_change(self._pod_changed)
 
@@ -131,6 +137,8 @@ class KubernetesScaler:
             model.written_at, model.timed_out, model.reported = None, None, None
             model.started_at = self._clock.now()
             log.info("activate", extra=model.where)
+            if model.sleeping_pod is not None:
+                await self._wake_up(model)
             await self._judge(model)
 
     async def park(self, spec: RuntimeSpec, *, generation: int) -> None:
@@ -143,12 +151,43 @@ class KubernetesScaler:
             model.write_seen = model.finished = False
             model.written_at, model.timed_out, model.reported = None, None, None
             model.parked = asyncio.Event()
-            if spec.park_strategy is ParkStrategy.SLEEP:
-                log.info("parkStrategy Sleep is not available on Kubernetes yet: scaling to zero", extra=model.where)
+            model.woken_pod = None
+            model.restarting = None
+            model.sleep_fallback = ""
             log.info("park", extra=model.where)
+            if spec.park_strategy is ParkStrategy.SLEEP and model.sleeping_pod is None:
+                await self._sleep_it(model)
             await self._judge(model)
             parked = model.parked
         await parked.wait()
+
+    async def _sleep_it(self, model: _Model) -> None:
+        """Park by putting the serving Pod's server to sleep; when that fails, the park scales to zero instead."""
+        serving = self._facts(model).serving
+        if not serving:
+            return  # nothing serves: nothing to put to sleep (a loading Pod is stopped, whatever the strategy)
+        pod = serving[-1]
+        await self._report(model, RuntimePhase.STOPPING, message=f"putting pod {pod.name} to sleep")
+        problem = await self._sleep_mode.sleep(endpoint(pod, model.spec.port))
+        if problem is None:
+            model.sleeping_pod = pod.name
+            log.info("model sleeps", extra={**model.where, "pod": pod.name})
+        else:
+            model.sleep_fallback = f"sleep failed ({problem}): scaled to zero instead"
+            log.warning("sleep failed; scaling to zero instead", extra={**model.where, "why": problem})
+
+    async def _wake_up(self, model: _Model) -> None:
+        pod = next((p for p in self._facts(model).alive if p.name == model.sleeping_pod and not p.terminating), None)
+        model.sleeping_pod = None
+        if pod is None or not pod.ip:
+            return  # its Pod is gone: a fresh start, by the usual rules
+        problem = await self._sleep_mode.wake(endpoint(pod, model.spec.port))
+        if problem is None:
+            model.woken_pod = pod.name
+            log.info("model woken", extra={**model.where, "pod": pod.name})
+        else:
+            model.restarting = f"wake_up failed ({problem}): restarting the model"
+            log.warning("wake_up failed; restarting the model", extra={**model.where, "why": problem})
 
     def adopt_parked(self, spec: RuntimeSpec) -> None:
         """A model the scheduler shows as not holding the GPU, and that this back-end has no command for (it was
@@ -179,6 +218,8 @@ class KubernetesScaler:
             for pod in facts.alive:
                 if pod.terminating:
                     phase = ProcessPhase.STOPPING
+                elif pod.name == model.sleeping_pod:
+                    phase = ProcessPhase.SLEEPING
                 elif pod.ready and model.want is Want.RUN:
                     phase = ProcessPhase.READY
                 elif model.want is Want.RUN:
@@ -207,6 +248,7 @@ class KubernetesScaler:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._sleep_mode.close()
 
     # ------------------------------------------------------------------ watching
 
@@ -301,8 +343,15 @@ class KubernetesScaler:
                     write_seen=model.write_seen,
                     was_ready=model.was_ready,
                     timed_out=model.timed_out,
+                    rendered=model.spec.rendered,
+                    woken_pod=model.woken_pod,
+                    restarting=model.restarting,
                 ),
             )
+            if model.restarting is not None and not facts.alive and verdict.replicas == 1:
+                model.restarting = None  # the old Pod is gone; from here on a load like any other
+                model.loading_since = now
+                model.write_seen = False
             if verdict.phase is None and verdict.replicas == 0 and model.timed_out is None:
                 model.timed_out = verdict.message
                 log.warning(
@@ -311,7 +360,11 @@ class KubernetesScaler:
         else:
             if not model.write_seen and facts.replicas == 0:
                 model.write_seen = True
-            verdict = judge_park(facts, write_seen=model.write_seen)
+            if model.sleeping_pod is not None and not any(p.name == model.sleeping_pod for p in facts.alive):
+                model.sleeping_pod = None  # its Pod went away: parked by the usual rules now
+            verdict = judge_park(
+                facts, write_seen=model.write_seen, sleeping_pod=model.sleeping_pod, fallback=model.sleep_fallback
+            )
         await self._scale_as_judged(model, facts, verdict)
         await self._report_verdict(model, verdict)
 
@@ -376,6 +429,12 @@ class KubernetesScaler:
         )
         if verdict.phase is RuntimePhase.PARKED:
             model.parked.set()
+
+    async def _report(self, model: _Model, phase: RuntimePhase, *, message: str = "") -> None:
+        model.reported = (phase, None, message)
+        await self._on_status(
+            Observation(model.spec.namespace, model.spec.name, phase, model.generation, message=message)
+        )
 
     def _note(self, model: _Model, kind: EventType, reason: str, message: str) -> None:
         if self._events is not None:

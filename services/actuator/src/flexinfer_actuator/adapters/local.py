@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from flexinfer_actuator.adapters.sleep_mode import SleepMode
 from flexinfer_actuator.domain.commands import (
     MISSING_COMMAND_MESSAGE,
     ActivatePlan,
@@ -50,7 +51,7 @@ from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import RuntimePhase
 from flexinfer_common.local_commands import check_local_command
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import RuntimeSpec
+from flexinfer_common.messages import WOKEN, RuntimeSpec
 from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS
 
 log = get_logger("flexinfer.actuator.local")
@@ -166,6 +167,7 @@ class LocalProcessScaler:
         self._report_locks: dict[ModelKey, asyncio.Lock] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
+        self._sleep_mode = SleepMode(timeout=self._load_timeout)
 
     @classmethod
     def from_settings(cls, settings: ActuatorSettings, *, on_status: StatusSink) -> LocalProcessScaler:
@@ -228,7 +230,7 @@ class LocalProcessScaler:
         await self._cancel_prober(runtime)
         await self._emit(runtime, RuntimePhase.STOPPING)
         if plan is ParkPlan.SLEEP:
-            if await self._post(runtime, "/sleep?level=1") and not runtime.exited.is_set():
+            if await self._sleep_mode.sleep(runtime.endpoint) is None and not runtime.exited.is_set():
                 runtime.phase = ProcessPhase.SLEEPING
                 log.info("model sleeps", extra=runtime.where)
                 await self._emit(runtime, RuntimePhase.PARKED, message="sleeping")
@@ -270,6 +272,7 @@ class LocalProcessScaler:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        await self._sleep_mode.close()
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -407,9 +410,11 @@ class LocalProcessScaler:
         """Wake a sleeping server and probe it again; start afresh when it cannot be woken."""
         # It stays Sleeping while the wake request runs, so an exit meanwhile is not reported as a failure.
         await self._emit(runtime, RuntimePhase.LOADING)
-        if await self._post(runtime, "/wake_up") and not runtime.exited.is_set():
-            runtime.phase = ProcessPhase.LOADING
-            runtime.prober = asyncio.create_task(self._probe_until_ready(runtime), name=f"probe:{runtime.key}")
+        if await self._sleep_mode.wake(runtime.endpoint) is None and not runtime.exited.is_set():
+            # wake_up's answer is the readiness signal: no waiting for the next probe.
+            runtime.phase = ProcessPhase.READY
+            log.info("model woken", extra={**runtime.where, "endpoint": runtime.endpoint})
+            await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint, message=WOKEN)
             return
         log.warning("wake_up failed; starting the model afresh", extra=runtime.where)
         await self._stop(runtime)
@@ -430,21 +435,6 @@ class LocalProcessScaler:
                 return 200 <= response.status < 300
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
-
-    async def _post(self, runtime: _Runtime, path: str) -> bool:
-        """POST to the model's server (sleep, wake_up); True on 2xx. Weights move, so allow the load timeout."""
-        url = runtime.endpoint + path
-        try:
-            async with self._session().post(url, timeout=aiohttp.ClientTimeout(total=self._load_timeout)) as response:
-                if 200 <= response.status < 300:
-                    return True
-                body = (await response.text())[:200]
-                log.warning(
-                    "request refused", extra={**runtime.where, "url": url, "status": response.status, "body": body}
-                )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("request failed", extra={**runtime.where, "url": url, "error": repr(exc)})
-        return False
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:

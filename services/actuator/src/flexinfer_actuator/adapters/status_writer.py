@@ -163,7 +163,7 @@ class StatusWriter:
 
     def _error_changed(self, key: ResourceKey) -> None:
         kind, namespace, name = key
-        self._mark(("model", namespace, name) if kind == "Model" else ("group", "", name))
+        self._mark(("model", namespace, name) if kind in ("Model", "Workload") else ("group", "", name))
 
     def _mark(self, target: Target) -> None:
         self._dirty.add(target)
@@ -212,7 +212,7 @@ class StatusWriter:
         for _ in range(_CONFLICT_ATTEMPTS):
             if obj is None:
                 return
-            error = self.errors.get(("Model", namespace, name))
+            error = self.errors.get(("Model", namespace, name)) or self.errors.get(("Workload", namespace, name))
             desired = self.model_statuses.get((namespace, name))
             if desired is None:
                 if error is None:

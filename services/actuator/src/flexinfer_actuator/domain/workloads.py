@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from flexinfer_common.enums import RuntimePhase
+from flexinfer_common.messages import WOKEN
 
 Object = Mapping[str, Any]
 
@@ -239,17 +240,31 @@ class RunState:
     write_seen: bool  # our replicas=1 has been seen in the watched Deployment
     was_ready: bool
     timed_out: str | None = None  # the load timed out: this is the failure to report once the Pods are gone
+    rendered: bool = False  # FlexInfer renders the Deployment: it may not exist yet
+    woken_pod: str | None = None  # the Pod whose sleeping server answered POST /wake_up: it serves already
+    restarting: str | None = None  # waking failed: the Pods go and a fresh one starts (this says why)
 
 
 def judge_run(facts: WorkloadFacts, state: RunState) -> Verdict:
     """The model should run."""
     where = f"Deployment {facts.namespace}/{facts.deployment}"
     if not facts.exists:
-        return Verdict(RuntimePhase.FAILED, message=f"{where} not found (spec.deployment, or the model's name)")
+        if state.rendered and state.load_seconds < state.load_timeout:
+            return Verdict(RuntimePhase.LOADING, message=f"waiting for {where} to be rendered")
+        if state.rendered:
+            return Verdict(RuntimePhase.FAILED, message=f"{where} was not rendered (see the Model's events)")
+        return Verdict(RuntimePhase.FAILED, message=f"{where} not found (spec.deployment)")
     if state.timed_out is not None:
         if facts.alive:
             return Verdict(None, replicas=0 if facts.replicas else None)
         return Verdict(RuntimePhase.FAILED, message=state.timed_out)
+    if state.restarting is not None:
+        if facts.alive:
+            return Verdict(RuntimePhase.LOADING, message=state.restarting, replicas=0 if facts.replicas else None)
+        return Verdict(RuntimePhase.LOADING, message=state.restarting, replicas=1)
+    woken = next((p for p in facts.alive if p.name == state.woken_pod and p.ip and not p.terminating), None)
+    if woken is not None:  # wake_up's answer is its readiness signal: no waiting for the next probe
+        return Verdict(RuntimePhase.READY, endpoint=endpoint(woken, state.spec_port), message=WOKEN)
     serving = facts.serving
     if serving:
         return Verdict(RuntimePhase.READY, endpoint=endpoint(serving[-1], state.spec_port))
@@ -277,10 +292,15 @@ def judge_run(facts: WorkloadFacts, state: RunState) -> Verdict:
     return Verdict(RuntimePhase.LOADING, message=message, replicas=replicas)
 
 
-def judge_park(facts: WorkloadFacts, *, write_seen: bool) -> Verdict:
-    """The model should be parked."""
+def judge_park(
+    facts: WorkloadFacts, *, write_seen: bool, sleeping_pod: str | None = None, fallback: str = ""
+) -> Verdict:
+    """The model should be parked: asleep in ``sleeping_pod`` (parkStrategy Sleep: the Pod stays), or scaled to zero
+    (``fallback`` says why, when sleeping was asked for and failed)."""
+    if sleeping_pod is not None and any(p.name == sleeping_pod and not p.terminating for p in facts.alive):
+        return Verdict(RuntimePhase.PARKED, message="sleeping")
     if not facts.exists:
-        return Verdict(RuntimePhase.PARKED)
+        return Verdict(RuntimePhase.PARKED, message=fallback)
     outside = None
     if facts.replicas != 0 and write_seen:
         outside = (
@@ -291,10 +311,11 @@ def judge_park(facts: WorkloadFacts, *, write_seen: bool) -> Verdict:
     alive = facts.alive
     if alive:
         names = ", ".join(p.name for p in alive)
+        waiting = f"waiting for pods to stop: {names}"
         return Verdict(
             RuntimePhase.STOPPING,
-            message=f"waiting for pods to stop: {names}",
+            message=f"{fallback}; {waiting}" if fallback else waiting,
             replicas=replicas,
             outside_change=outside,
         )
-    return Verdict(RuntimePhase.PARKED, replicas=replicas, outside_change=outside)
+    return Verdict(RuntimePhase.PARKED, message=fallback, replicas=replicas, outside_change=outside)

@@ -101,8 +101,9 @@ class SpecFacts:
             command=spec.local.command,
             env=spec.local.env,
             port=spec.endpoint.port,
-            readiness_path=spec.endpoint.readiness_path,
+            readiness_path=spec.endpoint.readiness_path or "/health",
             park_strategy=spec.gpu.park_strategy,
+            rendered=spec.deployment is None,
         )
 
 

@@ -354,6 +354,9 @@ def _statuses(
             phase, message = ModelPhase.PREEMPTED, f"preempted by {m.preempted_by}" if m.preempted_by else "preempted"
         else:
             phase, message = ModelPhase.PENDING, ""
+        if m.parked and m.runtime == RuntimePhase.PARKED and m.runtime_message and m.runtime_message != "sleeping":
+            # how the actuator parked it, when that is news (a Sleep park that had to scale to zero)
+            message = f"{message}; {m.runtime_message}" if message else m.runtime_message
         if (
             state == SharedState.QUEUED
             and leader is not None

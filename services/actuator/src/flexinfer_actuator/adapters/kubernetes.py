@@ -41,6 +41,7 @@ from flexinfer_common.kube.client import DEPLOYMENTS, KubeClient, KubeError, Obj
 from flexinfer_common.kube.informer import Informer
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import RuntimeSpec
+from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.kubernetes")
 
@@ -77,6 +78,14 @@ class _Model:
     @property
     def deployment(self) -> str:
         return self.spec.deployment or self.spec.name
+
+    def command(self, spec: RuntimeSpec, want: Want, generation: int) -> None:
+        """A new command: what was judged for the previous one no longer holds."""
+        self.spec, self.want, self.generation = spec, want, generation
+        self.write_seen = self.finished = False
+        self.written_at = self.reported = None
+        self.timed_out = self.restarting = self.woken_pod = None
+        self.sleep_fallback = ""
 
     @property
     def where(self) -> dict[str, object]:
@@ -118,7 +127,7 @@ class KubernetesScaler:
         self._models: dict[ModelKey, _Model] = {}
         self._dirty: set[ModelKey] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("kubernetes-scaler", self._run)
         self._sleep_mode = SleepMode(timeout=self._load_timeout)
         deployments.on_change(self._deployment_changed)
         pods.on_change(self._pod_changed)
@@ -126,15 +135,11 @@ class KubernetesScaler:
     # ------------------------------------------------------------------ the Scaler protocol
 
     async def activate(self, spec: RuntimeSpec, *, generation: int) -> None:
-        self._ensure_started()
-        await self.deployments.wait_synced()
-        await self.pods.wait_synced()
-        model = self._model(spec)
+        model = await self._commanded(spec)
         async with model.lock:
-            model.spec, model.want, model.generation = spec, Want.RUN, generation
+            model.command(spec, Want.RUN, generation)
             model.loading_since = self._monotonic()
-            model.write_seen = model.was_ready = model.finished = False
-            model.written_at, model.timed_out, model.reported = None, None, None
+            model.was_ready = False
             model.started_at = self._clock.now()
             log.info("activate", extra=model.where)
             if model.sleeping_pod is not None:
@@ -142,18 +147,10 @@ class KubernetesScaler:
             await self._judge(model)
 
     async def park(self, spec: RuntimeSpec, *, generation: int) -> None:
-        self._ensure_started()
-        await self.deployments.wait_synced()
-        await self.pods.wait_synced()
-        model = self._model(spec)
+        model = await self._commanded(spec)
         async with model.lock:
-            model.spec, model.want, model.generation = spec, Want.PARK, generation
-            model.write_seen = model.finished = False
-            model.written_at, model.timed_out, model.reported = None, None, None
+            model.command(spec, Want.PARK, generation)
             model.parked = asyncio.Event()
-            model.woken_pod = None
-            model.restarting = None
-            model.sleep_fallback = ""
             log.info("park", extra=model.where)
             if spec.park_strategy is ParkStrategy.SLEEP and model.sleeping_pod is None:
                 await self._sleep_it(model)
@@ -188,6 +185,13 @@ class KubernetesScaler:
         else:
             model.restarting = f"wake_up failed ({problem}): restarting the model"
             log.warning("wake_up failed; restarting the model", extra={**model.where, "why": problem})
+
+    async def _commanded(self, spec: RuntimeSpec) -> _Model:
+        """The model a command names, once the caches it is judged against are filled."""
+        self._ensure_started()
+        await self.deployments.wait_synced()
+        await self.pods.wait_synced()
+        return self._model(spec)
 
     def adopt_parked(self, spec: RuntimeSpec) -> None:
         """A model the scheduler shows as not holding the GPU, and that this back-end has no command for (it was
@@ -243,11 +247,7 @@ class KubernetesScaler:
 
     async def close(self) -> None:
         """Stop judging. Deployments stay as they are: the next actuator takes them over."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._worker.stop()
         await self._sleep_mode.close()
 
     # ------------------------------------------------------------------ watching
@@ -281,8 +281,7 @@ class KubernetesScaler:
         self._wake.set()
 
     def _ensure_started(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="kubernetes-scaler")
+        self._worker.start()
 
     async def _run(self) -> None:
         while True:

@@ -11,7 +11,6 @@ on its Deployment; when the Model is deleted, a cleanup Job removes the copy on 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +37,7 @@ from flexinfer_common.kube.client import DEPLOYMENTS, JOBS, SERVICES, KubeClient
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import ManifestError, Model, parse_resource
+from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.renderer")
 
@@ -89,7 +89,7 @@ class WorkloadRenderer:
         self.cleanup_toleration = cleanup_toleration
         self._dirty: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("renderer", self._run)
         self._noted: dict[tuple[str, str], str] = {}  # what was last said about a model (one Event per news)
         models.on_change(self._model_changed)
         deployments.on_change(self._workload_changed)
@@ -97,15 +97,10 @@ class WorkloadRenderer:
         pods.on_change(self._pod_changed)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="renderer")
+        self._worker.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._worker.stop()
 
     # ------------------------------------------------------------------ watching
 

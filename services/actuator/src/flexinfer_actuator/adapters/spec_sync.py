@@ -10,7 +10,6 @@ valid spec, if any): it gets a ``status.message`` and a Warning Event naming the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -24,6 +23,7 @@ from flexinfer_common.kube.client import Object
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import SpecChange, SpecResync, message_id
+from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.specs")
 
@@ -84,22 +84,17 @@ class SpecSync:
         self._note = note
         self._published: dict[ResourceKey, tuple[dict[str, Any], int | None]] = {}
         self._outbox: asyncio.Queue[tuple[str, BaseModel]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("spec-sync", self._send)
         models.on_change(self._model_changed)
         models.on_sync(self._models_listed)
         groups.on_change(self._group_changed)
         groups.on_sync(self._groups_listed)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._send(), name="spec-sync")
+        self._worker.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._worker.stop()
 
     @property
     def pending(self) -> int:

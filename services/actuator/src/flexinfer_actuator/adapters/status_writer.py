@@ -16,7 +16,6 @@ was re-created, or a status or annotation someone edited, is put right.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from flexinfer_common.kube.client import GPUGROUPS, MODELS, SERVICES, KubeClient
 from flexinfer_common.kube.informer import Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import GroupStatusUpdate, ModelStatus, ModelStatusUpdate, SwapEvent
+from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.status")
 
@@ -89,7 +89,7 @@ class StatusWriter:
         self.group_statuses: dict[str, GroupStatusUpdate] = {}
         self._dirty: set[Target] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("status-writer", self._run)
         self._consumers: list[Consumer[Any]] = []
         self.writes = 0
         # Told of every model status the scheduler publishes (the Kubernetes back-end keeps idle models parked).
@@ -125,17 +125,13 @@ class StatusWriter:
         ]
         for consumer in self._consumers:
             await consumer.start()
-        self._task = asyncio.create_task(self._run(), name="status-writer")
+        self._worker.start()
 
     async def stop(self) -> None:
         for consumer in self._consumers:
             await consumer.stop()
         self._consumers = []
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._worker.stop()
 
     # ------------------------------------------------------------------ inputs
 

@@ -582,6 +582,14 @@ def test_crd_printer_columns(crds: dict[str, dict[str, Any]]) -> None:
         ("OWNER", ".spec.owner", "string"),
         ("NODE", ".spec.node", "string"),
         ("EXPIRES", ".status.expiresAt", "string"),
+        ("PHASE", ".status.phase", "string"),
+    ]
+    # ... and only those: PHASE is for -o wide.
+    assert [c["name"] for c in _version(crds["GPULease"])["additionalPrinterColumns"] if not c.get("priority")] == [
+        "GROUP",
+        "OWNER",
+        "NODE",
+        "EXPIRES",
     ]
 
 
@@ -710,6 +718,10 @@ def test_crd_schema_matches_the_pydantic_manifest(
     problems: list[str] = []
     spec_field = model.model_fields["spec"]
     _compare_field(spec_field.annotation, None, schema["properties"]["spec"], "spec", problems)
+    if kind == "GPULease":
+        _compare_model(
+            manifests.GPULeaseStatus, schema["properties"]["status"], "status", problems, check_defaults=False
+        )
     if kind == "Model":
         status = copy.deepcopy(schema["properties"]["status"])
         # Kubernetes only: the actuator derives the conditions from the status when it writes it back.

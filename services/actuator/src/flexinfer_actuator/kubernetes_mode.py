@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.adapters.kubernetes import KubernetesScaler
 from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
 from flexinfer_actuator.adapters.status_writer import StatusWriter
@@ -30,6 +29,7 @@ from flexinfer_common.kube.client import (
     Object,
     own_namespace,
 )
+from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.kube.leader import LeaderElector
 from flexinfer_common.logs import get_logger
@@ -37,6 +37,8 @@ from flexinfer_common.messages import ModelStatus, RuntimeSpec
 from flexinfer_common.metrics import ACTUATOR_LEADER
 
 log = get_logger("flexinfer.actuator.kubernetes")
+
+COMPONENT = "flexinfer-actuator"  # the source of the Events it records
 
 
 @dataclass
@@ -156,7 +158,9 @@ class KubernetesMode:
 
         models, groups = informer(MODELS), informer(GPUGROUPS)
         deployments, pods, services = informer(DEPLOYMENTS), informer(PODS), informer(SERVICES)
-        events = EventRecorder(client, informers={"Model": models, "GPUGroup": groups}, instance=self.instance)
+        events = EventRecorder(
+            client, informers={"Model": models, "GPUGroup": groups}, instance=self.instance, component=COMPONENT
+        )
         errors = SpecErrors()
         spec_sync = SpecSync(
             bus=self.bus,

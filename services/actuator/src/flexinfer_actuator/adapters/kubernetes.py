@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 
 import stamina
 
-from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
 from flexinfer_actuator.domain.resources import EventType, Note
 from flexinfer_actuator.domain.workloads import (
@@ -37,6 +36,7 @@ from flexinfer_actuator.ports import StatusSink
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import ParkStrategy, RuntimePhase
 from flexinfer_common.kube.client import DEPLOYMENTS, KubeClient, KubeError, Object
+from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import RuntimeSpec

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import and_, delete, distinct, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -124,17 +124,10 @@ class LeaseStore:
     async def known_groups(self) -> frozenset[str]:
         """The GPU groups that exist: a model's ``spec.gpu.shared``, or a v1alpha1 GPUGroup."""
         shared = ModelRow.manifest["spec"]["gpu"]["shared"].astext
+        models = select(ModelRow.group_name).where(ModelRow.group_name == shared).distinct()
+        groups = select(GroupRow.name).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value)
         async with self.sessions() as session:
-            names = set(
-                (
-                    await session.scalars(select(distinct(ModelRow.group_name)).where(ModelRow.group_name == shared))
-                ).all()
-            )
-            names |= set(
-                (
-                    await session.scalars(select(GroupRow.name).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value))
-                ).all()
-            )
+            names = set((await session.scalars(models)).all()) | set((await session.scalars(groups)).all())
         return frozenset(n for n in names if n)
 
     async def members(self, groups: Iterable[str]) -> dict[str, list[MemberState]]:

@@ -391,18 +391,61 @@ def test_actuator_with_the_local_backend_needs_no_lease() -> None:
     assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
-def test_lease_manager_rbac_covers_leases_legacy_configmaps_caches_and_jobs() -> None:
+LEASE_MANAGER_RULES = {
+    ("ai.flexinfer", "gpuleases", frozenset({"list", "watch", "create", "patch", "delete"})),
+    ("ai.flexinfer", "gpuleases/status", frozenset({"patch"})),
+    ("ai.flexinfer", "modelcaches", frozenset({"list", "watch"})),
+    ("batch", "jobs", frozenset({"list", "watch", "patch"})),
+    ("", "configmaps", frozenset({"list", "watch"})),
+    ("", "events", frozenset({"create", "patch"})),
+}
+
+
+def test_lease_manager_defaults_to_kubernetes_with_exactly_the_rbac_it_needs() -> None:
     documents = render(CHARTS / "lease-manager")
+    env = env_of(deployment_container(documents))
+    assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
+    assert env["FLEXINFER_LEADER_ELECTION"]["value"] == "true"
+    assert env["FLEXINFER_LEADER_ELECTION_LEASE"]["value"] == "flexinfer-lease-manager"
+    assert "FLEXINFER_WATCH_NAMESPACES" not in env
+    assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
     role = one(documents, "ClusterRole")
-    assert _allows(role, "ai.flexinfer", "gpuleases", {"get", "list", "watch", "create", "update", "patch", "delete"})
-    assert _allows(role, "ai.flexinfer", "gpuleases/status", {"update", "patch"})
-    assert _allows(role, "", "configmaps", {"get", "list", "watch"})
-    assert _allows(role, "ai.flexinfer", "modelcaches", {"get", "list", "watch"})
-    assert _allows(role, "batch", "jobs", {"get", "list", "watch"})
-    assert (
-        one(documents, "ClusterRoleBinding")["subjects"][0]["name"]
-        == one(documents, "ServiceAccount")["metadata"]["name"]
-    )
+    # Exactly what the code calls (tests/integration/test_lease_kubernetes.py checks the other direction): no get,
+    # no update, nothing on Secrets, Pods or Deployments; Jobs are only patched (started), never created.
+    assert _rule_set(role) == LEASE_MANAGER_RULES
+    assert not _allows(role, "batch", "jobs", {"create"})
+    assert not _allows(role, "", "secrets", {"get"})
+    binding = one(documents, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": one(documents, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    election = one(documents, "Role")
+    assert election["metadata"]["namespace"] == NAMESPACE
+    assert election["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["flexinfer-lease-manager"],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
+def test_lease_manager_watching_listed_namespaces_gets_a_role_in_each_and_in_its_own() -> None:
+    documents = render(CHARTS / "lease-manager", {"watchNamespaces": ["ml", "chat"]})
+    assert not objects(documents, "ClusterRole")
+    roles = {r["metadata"]["namespace"]: r for r in objects(documents, "Role") if "leader" not in r["metadata"]["name"]}
+    assert set(roles) == {"ml", "chat", NAMESPACE}  # the release namespace: leases taken through the API live there
+    assert all(_rule_set(role) == LEASE_MANAGER_RULES for role in roles.values())
+
+
+def test_lease_manager_in_local_mode_needs_no_leader_lease() -> None:
+    documents = render(CHARTS / "lease-manager", {"backend": "local"})
+    assert env_of(deployment_container(documents))["FLEXINFER_ACTUATOR"]["value"] == "local"
+    assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
 def test_proxy_and_scheduler_need_no_kubernetes_api() -> None:

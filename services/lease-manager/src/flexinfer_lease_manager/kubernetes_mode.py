@@ -74,6 +74,7 @@ class KubeSync:
         self.events = events
         self.clock = clock
         self._noted: dict[tuple[str, str, str, str], str] = {}
+        self._said: set[tuple[str, str, str, str]] = set()
 
     @property
     def informers(self) -> list[Informer]:
@@ -151,6 +152,10 @@ class KubeSync:
                 log.info("job admitted", extra={"job": f"{namespace}/{job}", "lease": lease_name})
         for note in plan.notes:
             self._note(note)
+        # What this reconcile did not say any more may be said again later (then the Event's count goes up).
+        for key in [key for key in self._noted if key not in self._said]:
+            del self._noted[key]
+        self._said = set()
 
     async def _call(self, what: str, where: dict[str, Any], call: Any) -> bool:
         try:
@@ -165,6 +170,7 @@ class KubeSync:
     def _note(self, note: Note) -> None:
         """Record an Event when it says something new about its object (a reconcile repeats its notes)."""
         key = (note.kind, note.namespace, note.name, note.reason)
+        self._said.add(key)
         text = f"{note.type.value}:{note.message}"
         if self._noted.get(key) == text:
             return

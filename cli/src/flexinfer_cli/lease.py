@@ -20,10 +20,10 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
-from flexinfer_cli.client import AdminClient, ApiError, CliError, ServiceUnreachable
+from flexinfer_cli.client import ApiError, CliError, ServiceUnreachable
 from flexinfer_cli.supervisor import parent_death_preexec
 from flexinfer_common.durations import format_duration, parse_duration
 from flexinfer_common.manifests import MIN_LEASE_TTL_SECONDS
@@ -35,6 +35,16 @@ SERVER_WAIT = "2s"  # each acquire call waits this long on the server, then the 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 Echo = Callable[[str], None]
+
+
+class LeaseApi(Protocol):
+    """What these commands need of the lease manager's API (an ``AdminClient``)."""
+
+    async def get(self, path: str) -> Any: ...
+
+    async def post(self, path: str, body: Any = None) -> Any: ...
+
+    async def delete(self, path: str) -> Any: ...
 
 
 class LeaseUsageError(CliError):
@@ -117,7 +127,7 @@ def _leased(exc: ApiError) -> bool:
 
 
 async def acquire(
-    client: AdminClient,
+    client: LeaseApi,
     body: dict[str, Any],
     *,
     wait: bool,
@@ -188,7 +198,7 @@ def exit_code(returncode: int) -> int:
 
 
 async def run_with_lease(
-    client: AdminClient,
+    client: LeaseApi,
     body: dict[str, Any],
     command: Sequence[str],
     *,
@@ -252,7 +262,7 @@ def _ended(returncode: int) -> str:
 
 
 async def _keep_renewed(
-    client: AdminClient, lease: dict[str, Any], body: dict[str, Any], every: float, echo: Echo
+    client: LeaseApi, lease: dict[str, Any], body: dict[str, Any], every: float, echo: Echo
 ) -> None:
     name, owner = str(lease["name"]), str(lease["owner"])
     while True:
@@ -273,7 +283,7 @@ async def _keep_renewed(
             echo(f"warning: cannot renew gpulease/{name}: {exc}; it lapses at its TTL unless renewed in time")
 
 
-async def _release(client: AdminClient, lease: dict[str, Any], echo: Echo) -> None:
+async def _release(client: LeaseApi, lease: dict[str, Any], echo: Echo) -> None:
     name = str(lease["name"])
     try:
         await client.delete(lease_path(name) + f"?owner={quote(str(lease['owner']), safe='')}")

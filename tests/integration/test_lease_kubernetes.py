@@ -8,7 +8,9 @@ back-end runs the models; the lease manager's Kubernetes side is what is under t
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,8 +20,7 @@ import pytest
 import yaml
 
 from flexinfer_common.bus import Bus
-from flexinfer_common.messages import LeaseEvent, RuntimeStatus
-from tests.integration.test_leases import all_parked_by, phase_is
+from tests.integration.test_leases import Recorder, all_parked_by, phase_is
 from tests.integration.test_scheduler_policies import running
 from tests.integration.test_swap import wait_for
 from tests.support.kube import KubeCluster
@@ -45,33 +46,33 @@ def lease_manager_settings(kube: KubeCluster) -> dict[str, Any]:
 
 
 @dataclass
-class Watcher:
-    """When each model was reported parked, when each Job was started (unsuspended), and the lease events."""
+class Watcher(Recorder):
+    """The Recorder, and when each Job was started (unsuspended)."""
 
-    parked_at: dict[str, datetime] = field(default_factory=dict)
     started_at: dict[str, datetime] = field(default_factory=dict)
-    lease_events: list[LeaseEvent] = field(default_factory=list)
 
-    async def start(self, bus: Bus, kube: KubeCluster) -> None:
-        async def on_runtime(msg: Any) -> None:
-            status = RuntimeStatus.model_validate_json(msg.data)
-            if status.phase.value == "Parked":
-                self.parked_at[status.model] = status.time
-
-        async def on_lease(msg: Any) -> None:
-            self.lease_events.append(LeaseEvent.model_validate_json(msg.data))
+    async def watch(self, bus: Bus, kube: KubeCluster) -> None:
+        await self.start(bus)
 
         def on_write(event: StoredEvent) -> None:
             obj = event.obj
             if obj.get("kind") == "Job" and obj.get("spec", {}).get("suspend") is False:
                 self.started_at.setdefault(obj["metadata"]["name"], datetime.now(UTC))
 
-        await bus.nc.subscribe("flexinfer.actuator.status.>", cb=on_runtime)
-        await bus.nc.subscribe("flexinfer.events.lease.>", cb=on_lease)
         kube.store.listeners.append(on_write)
 
-    def kinds(self, lease: str) -> list[str]:
-        return [event.kind for event in self.lease_events if event.name == lease]
+
+@contextlib.asynccontextmanager
+async def lease_system(kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
+    """The scheduler, the local actuator and the lease manager in Kubernetes mode against the emulator."""
+    async with running_system(
+        database_url=database_url,
+        nats_url=bus.url,
+        state_dir=tmp_path,
+        services=SERVICES,
+        lease_manager=lease_manager_settings(kube),
+    ) as system:
+        yield system
 
 
 def job(
@@ -145,14 +146,8 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
     watcher = Watcher()
-    await watcher.start(bus, kube)
-    async with running_system(
-        database_url=database_url,
-        nats_url=bus.url,
-        state_dir=tmp_path,
-        services=SERVICES,
-        lease_manager=lease_manager_settings(kube),
-    ) as system:
+    await watcher.watch(bus, kube)
+    async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
         await wait_for(lambda: serving(system))
@@ -229,14 +224,8 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
     watcher = Watcher()
-    await watcher.start(bus, kube)
-    async with running_system(
-        database_url=database_url,
-        nats_url=bus.url,
-        state_dir=tmp_path,
-        services=SERVICES,
-        lease_manager=lease_manager_settings(kube),
-    ) as system:
+    await watcher.watch(bus, kube)
+    async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: serving(system))
 

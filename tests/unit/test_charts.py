@@ -330,6 +330,19 @@ ACTUATOR_RULES = {
 }
 
 
+def leader_election_rules(lease: str) -> list[dict[str, Any]]:
+    """Create the coordination.k8s.io Lease, then get and update only that one."""
+    return [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
 def _rule_set(role: dict[str, Any]) -> set[tuple[str, str, frozenset[str]]]:
     return {(group, resource, frozenset(verbs)) for group, resource, verbs in _rules(role)}
 
@@ -361,15 +374,7 @@ def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
 
     election = one(documents, "Role")
     assert election["metadata"]["namespace"] == NAMESPACE
-    assert election["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["flexinfer-actuator"],
-            "verbs": ["get", "update"],
-        },
-    ]
+    assert election["rules"] == leader_election_rules("flexinfer-actuator")
     assert one(documents, "RoleBinding")["roleRef"]["name"] == election["metadata"]["name"]
 
 
@@ -423,15 +428,7 @@ def test_lease_manager_defaults_to_kubernetes_with_exactly_the_rbac_it_needs() -
     ]
     election = one(documents, "Role")
     assert election["metadata"]["namespace"] == NAMESPACE
-    assert election["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["flexinfer-lease-manager"],
-            "verbs": ["get", "update"],
-        },
-    ]
+    assert election["rules"] == leader_election_rules("flexinfer-lease-manager")
 
 
 def test_lease_manager_watching_listed_namespaces_gets_a_role_in_each_and_in_its_own() -> None:

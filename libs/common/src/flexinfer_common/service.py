@@ -142,14 +142,24 @@ S = TypeVar("S", bound=CommonSettings)
 
 
 def run_service(
-    name: str, settings_cls: type[S], serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]]
+    name: str,
+    settings_cls: type[S],
+    serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]],
+    *,
+    check: Callable[[S], None] | None = None,
 ) -> None:
-    """A service's ``main``: settings (a bad value exits 2 naming the variable), JSON logs, then ``serve`` until
-    SIGTERM/SIGINT."""
+    """A service's ``main``: settings (a bad value, or a ``check`` raising SettingsError, exits 2 naming the
+    variable), JSON logs, then ``serve`` until SIGTERM/SIGINT (a server it cannot reach at start exits 1)."""
     try:
         settings = load_settings(settings_cls)
+        if check is not None:
+            check(settings)
     except SettingsError as exc:
         print(f"flexinfer-{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     start_logging(name, settings)
-    run_until_signalled(lambda stop: serve(settings, stop))
+    try:
+        run_until_signalled(lambda stop: serve(settings, stop))
+    except ConnectionError as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        raise SystemExit(1) from None

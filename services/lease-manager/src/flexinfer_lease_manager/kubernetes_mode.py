@@ -27,7 +27,7 @@ from flexinfer_common.kube.client import (
 )
 from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer
-from flexinfer_common.kube.leader import LeaderElector
+from flexinfer_common.kube.leader import act_while_leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.notes import EventType, Note
 from flexinfer_lease_manager.adapters.store import LeaseStore
@@ -213,29 +213,16 @@ class KubernetesMode:
         return self.sync is None or all(informer.synced for informer in self.sync.informers)
 
     async def run(self, stop: asyncio.Event) -> None:
-        if not self.settings.leader_election:
-            await self.start_leading()
-            try:
-                await stop.wait()
-            finally:
-                await self.stop_leading()
-            return
-        elector = LeaderElector(
+        await act_while_leading(
             self.client,
-            namespace=self.settings.leader_election_namespace or self.system_namespace,
-            name=self.settings.leader_election_lease,
+            self.settings,
+            lease_name=self.settings.leader_election_lease,
             identity=self.instance,
-            lease_duration=self.settings.leader_lease_duration.total_seconds(),
-            renew_deadline=self.settings.leader_renew_deadline.total_seconds(),
-            retry_period=self.settings.leader_retry_period.total_seconds(),
-            on_started_leading=self.start_leading,
-            on_stopped_leading=self.stop_leading,
+            namespace=self.system_namespace,
+            start_acting=self.start_leading,
+            stop_acting=self.stop_leading,
+            stop=stop,
         )
-        log.info("standing by for the lease manager's leader lease", extra=elector.where)
-        try:
-            await elector.run(stop)
-        finally:
-            await self.stop_leading()
 
     async def start_leading(self) -> None:
         async with self._lock:

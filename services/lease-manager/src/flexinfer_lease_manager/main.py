@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import socket
-import sys
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.kube.client import KubeClient, connect_from_settings, own_namespace
-from flexinfer_common.logs import get_logger, start_logging
-from flexinfer_common.runner import run_until_signalled
-from flexinfer_common.service import HttpServer, database_and_bus_readiness
-from flexinfer_common.settings import ActuatorKind, SettingsError, load_settings
+from flexinfer_common.logs import get_logger
+from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
+from flexinfer_common.settings import ActuatorKind
 from flexinfer_lease_manager.adapters.store import LeaseStore
 from flexinfer_lease_manager.api import create_app
 from flexinfer_lease_manager.kubernetes_mode import KubernetesMode
@@ -92,20 +89,13 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: C
         log.info("lease manager stopped")
 
 
+def _kubernetes_configured(settings: LeaseManagerSettings) -> None:
+    if settings.actuator is ActuatorKind.KUBERNETES:
+        connect_from_settings(settings)  # a wrong configuration stops the start, naming the setting
+
+
 def run() -> None:
-    try:
-        settings = load_settings(LeaseManagerSettings)
-        if settings.actuator is ActuatorKind.KUBERNETES:
-            connect_from_settings(settings)  # a wrong configuration stops the start, naming the setting
-    except SettingsError as exc:
-        sys.stderr.write(f"flexinfer-lease-manager: {exc}\n")
-        raise SystemExit(2) from None
-    start_logging("lease-manager", settings)
-    try:
-        run_until_signalled(functools.partial(serve, settings))
-    except ConnectionError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        raise SystemExit(1) from None
+    run_service("lease-manager", LeaseManagerSettings, serve, check=_kubernetes_configured)
 
 
 if __name__ == "__main__":

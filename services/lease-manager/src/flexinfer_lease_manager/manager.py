@@ -134,33 +134,42 @@ class LeaseManager:
 
     async def start(self, bus: Bus) -> None:
         """Follow the scheduler's statuses (a member parked, the lease honoured) and other replicas' lease events."""
+
+        def follow(stream: str, subject: str, schema: Any, handler: Any, policy: DeliverPolicy) -> Consumer[Any]:
+            decode = functools.partial(decode_json, schema)
+            return Consumer(
+                bus,
+                stream=stream,
+                durable=None,
+                filter_subject=subject,
+                decode=decode,
+                handler=handler,
+                deliver_policy=policy,
+            )
+
+        statuses = subjects.MODEL_STATUS_STREAM
         self._consumers = [
-            Consumer(
-                bus,
-                stream=subjects.MODEL_STATUS_STREAM,
-                durable=None,
-                filter_subject=subjects.GROUP_STATUS_PREFIX + ".>",
-                decode=functools.partial(decode_json, GroupStatusUpdate),
-                handler=self._on_group_status,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            # the latest status of every group (which lease its election honours), then each new one
+            follow(
+                statuses,
+                subjects.GROUP_STATUS_PREFIX + ".>",
+                GroupStatusUpdate,
+                self._on_group_status,
+                DeliverPolicy.LAST_PER_SUBJECT,
             ),
-            Consumer(
-                bus,
-                stream=subjects.MODEL_STATUS_STREAM,
-                durable=None,
-                filter_subject=subjects.MODEL_STATUS_PREFIX + ".>",
-                decode=functools.partial(decode_json, ModelStatusUpdate),
-                handler=self._on_model_status,
-                deliver_policy=DeliverPolicy.NEW,
+            follow(
+                statuses,
+                subjects.MODEL_STATUS_PREFIX + ".>",
+                ModelStatusUpdate,
+                self._on_model_status,
+                DeliverPolicy.NEW,
             ),
-            Consumer(
-                bus,
-                stream=subjects.EVENTS_STREAM,
-                durable=None,
-                filter_subject=subjects.EVENTS_PREFIX + ".lease.>",
-                decode=functools.partial(decode_json, LeaseEvent),
-                handler=self._on_lease_event,
-                deliver_policy=DeliverPolicy.NEW,
+            follow(
+                subjects.EVENTS_STREAM,
+                subjects.EVENTS_PREFIX + ".lease.>",
+                LeaseEvent,
+                self._on_lease_event,
+                DeliverPolicy.NEW,
             ),
         ]
         for consumer in self._consumers:
@@ -346,13 +355,23 @@ class LeaseManager:
     # ------------------------------------------------------------------ the acting replica's loop
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            if self.acting:
-                try:
-                    await self.reconcile()
-                except Exception:
-                    log.exception("reconcile failed; retrying")
-            await self._wait_for_kick(stop, self._sleep())
+        stopping = asyncio.create_task(self._kick_once(stop))
+        try:
+            while not stop.is_set():
+                if self.acting:
+                    try:
+                        await self.reconcile()
+                    except Exception:
+                        log.exception("reconcile failed; retrying")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), self._sleep())
+                self._kick.clear()
+        finally:
+            stopping.cancel()
+
+    async def _kick_once(self, event: asyncio.Event) -> None:
+        await event.wait()
+        self.kick()
 
     def _sleep(self) -> float:
         seconds = self.timing.refresh.total_seconds()
@@ -361,16 +380,6 @@ class LeaseManager:
         if self._next_expiry is not None:
             seconds = min(seconds, max((self._next_expiry - self.clock.now()).total_seconds() + 0.01, 0.01))
         return seconds
-
-    async def _wait_for_kick(self, stop: asyncio.Event, seconds: float) -> None:
-        kicked = asyncio.ensure_future(self._kick.wait())
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({kicked, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            kicked.cancel()
-            stopped.cancel()
-        self._kick.clear()
 
     async def reconcile(self) -> None:
         """Observe (leases, members, the scheduler's group status) -> decide (expiry, park verdicts) -> apply."""

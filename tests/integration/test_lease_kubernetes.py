@@ -190,7 +190,7 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
         await kube.wait_for(
             lambda: "qwen3-1p7b-lora-finetune" in watcher.started_at, within=30, message="the Job to start"
         )
-        assert watcher.started_at["qwen3-1p7b-lora-finetune"] >= watcher.parked_at["a"]
+        assert watcher.started_at["qwen3-1p7b-lora-finetune"] >= await watcher.parked("a")
         assert await all_parked_by(system, "qwen3-1p7b-lora")
         started = kube.get("jobs", "qwen3-1p7b-lora-finetune")
         assert started is not None and started["metadata"]["annotations"][ADMITTED] == "qwen3-1p7b-lora-gpu-lease"
@@ -212,12 +212,21 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
         await kube.wait_for(lambda: job_done(kube, "qwen3-1p7b-lora-finetune"), within=30, message="the Job to finish")
         await kube.wait_for(lambda: gpulease(kube, "qwen3-1p7b-lora-gpu-lease") is None, message="the lease's end")
         await wait_for(lambda: serving(system))
+        await watcher.last_kind("qwen3-1p7b-lora-gpu-lease", "lease.released")
         kinds = watcher.kinds("qwen3-1p7b-lora-gpu-lease")
         assert kinds[:2] == ["lease.acquired", "lease.held"] and "lease.renewed" in kinds
         assert kinds[-1] == "lease.released"
-        reasons = [e["reason"] for e in events_for(kube, "Job", "qwen3-1p7b-lora-finetune")]
-        assert "WaitingForGPULease" in reasons and "GPULeaseHeld" in reasons
-        assert "GPULeaseAcquired" in [e["reason"] for e in events_for(kube, "ModelCache", "qwen3-1p7b-lora")]
+
+        def reasons(kind: str, name: str) -> set[str]:
+            return {e["reason"] for e in events_for(kube, kind, name)}
+
+        await kube.wait_for(
+            lambda: (
+                {"WaitingForGPULease", "GPULeaseHeld"} <= reasons("Job", "qwen3-1p7b-lora-finetune")
+                and "GPULeaseAcquired" in reasons("ModelCache", "qwen3-1p7b-lora")
+            ),
+            message="Events on the Job and the ModelCache",
+        )
 
 
 async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_releases_and_rbac_matches_the_calls(
@@ -237,13 +246,13 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
             job("train", seconds=120, labels={"ai.flexinfer/gpu-lease-group": "gpu"}),
         )
         await kube.wait_for(lambda: "train" in watcher.started_at, within=30, message="the Job to start")
-        assert watcher.started_at["train"] >= watcher.parked_at["a"]
+        assert watcher.started_at["train"] >= await watcher.parked("a")
         owners = kube.get("gpuleases", "train-gpu-lease")["metadata"]["ownerReferences"]  # type: ignore[index]
         assert [(o["kind"], o["name"]) for o in owners] == [("Job", "train")]
         (await kube.kubectl("delete", "job", "train", "--wait=false")).check()
         await kube.wait_for(lambda: gpulease(kube, "train-gpu-lease") is None, message="the GPULease's collection")
         await wait_for(lambda: serving(system))
-        assert watcher.kinds("train-gpu-lease")[-1] == "lease.released"
+        await watcher.last_kind("train-gpu-lease", "lease.released")
 
         # Deleting the ModelCache garbage-collects its lease too (and its Job).
         await apply(
@@ -278,8 +287,17 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
             (await kube.kubectl("delete", "configmap", "gpu-lease-gpu")).check()
             await kube.wait_for(lambda: gpulease(kube, "gpu-lease-gpu") is None, message="the legacy lease's end")
             await wait_for(lambda: serving(system))
-        (acquired,) = [e for e in events_for(kube, "ConfigMap", "gpu-lease-gpu") if e["reason"] == "GPULeaseAcquired"]
-        assert acquired["count"] == 2
+        await kube.wait_for(
+            lambda: (
+                [
+                    e["count"]
+                    for e in events_for(kube, "ConfigMap", "gpu-lease-gpu")
+                    if e["reason"] == "GPULeaseAcquired"
+                ]
+                == [2]
+            ),
+            message="one GPULeaseAcquired Event on the ConfigMap, counted twice",
+        )
 
         # A GPULease written with kubectl is a lease; a second one for the same group waits (Pending) and is
         # acquired once the first is deleted.

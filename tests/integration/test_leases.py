@@ -8,6 +8,7 @@ the lease is touched."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +57,14 @@ class Recorder:
     def kinds(self, lease: str) -> list[str]:
         return [event.kind for event in self.lease_events if event.name == lease]
 
+    async def parked(self, model: str) -> datetime:
+        """When ``model`` was reported parked (waiting for the report to arrive here)."""
+        await wait_for(lambda: _async(model in self.parked_at))
+        return self.parked_at[model]
+
+    async def last_kind(self, lease: str, kind: str) -> None:
+        await wait_for(lambda: _async(self.kinds(lease)[-1:] == [kind]))
+
 
 def metric(text: str, name: str, **labels: str) -> float | None:
     """The value of one sample in a Prometheus exposition, or None when the series is absent."""
@@ -90,6 +99,18 @@ async def leases_as_written(system: System) -> list[dict[str, Any]]:
     return [{key: item[key] for key in kept} for item in items]
 
 
+@contextlib.asynccontextmanager
+async def serving_a(database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
+    """The scheduler, the actuator and the lease manager, with model ``a`` of group ``gpu`` Ready."""
+    services = ("scheduler", "actuator", "lease-manager")
+    async with running_system(
+        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
+    ) as system:
+        await system.put_model(fake_model("a"))
+        await wait_for(lambda: phase_is(system, "a", "Ready"))
+        yield system
+
+
 async def chat(proxy: str, model: str) -> tuple[int, dict[str, str]]:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as http, http.post(f"{proxy}/v1/chat/completions", json=body) as resp:
@@ -115,7 +136,7 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
         # The answer came only once the group was parked: a was reported stopped before it, and every member shows
         # the lease.
         assert lease["phase"] == "Held" and lease["heldAt"] is not None, lease
-        assert recorder.parked_at["a"] <= answered
+        assert await recorder.parked("a") <= answered
         assert await all_parked_by(system, "trainer")
         assert await running(system) == []
         assert lease["name"] == "trainer-gpu-lease" and lease["node"] == "box" and lease["ttlSeconds"] == 600
@@ -155,7 +176,7 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
             return metric(await system.metrics("lease-manager"), "flexinfer_gpu_lease_active", **labels) is None
 
         await wait_for(series_removed)
-        await wait_for(lambda: _async(recorder.kinds("trainer-gpu-lease")[-1:] == ["lease.released"]))
+        await recorder.last_kind("trainer-gpu-lease", "lease.released")
         assert recorder.kinds("trainer-gpu-lease") == ["lease.acquired", "lease.held", "lease.released"]
 
         # With ?wait, an acquire for a leased group waits for it to be free instead of answering 409.
@@ -177,7 +198,9 @@ async def _async(value: Any) -> Any:
     return value
 
 
-async def test_force_promotion_and_a_promote_call_lose_to_a_lease(database_url: str, bus: Bus, tmp_path: Path) -> None:
+async def test_a_lease_beats_force_promotion_and_a_promote_call_and_a_lease_read_error_fails_open(
+    database_url: str, bus: Bus, tmp_path: Path
+) -> None:
     services = ("scheduler", "actuator", "lease-manager")
     async with running_system(
         database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
@@ -196,12 +219,21 @@ async def test_force_promotion_and_a_promote_call_lose_to_a_lease(database_url: 
         await asyncio.sleep(1.0)  # three reconciles of the scheduler
         assert await running(system) == [] and await all_parked_by(system, "trainer")
 
-        await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease")
-
-        # serving comes back: the promoted or the force-promoted model
-        async def serving() -> bool:
+        async def serving() -> bool:  # the promoted or the force-promoted model
             return await phase_is(system, "a", "Ready") or await phase_is(system, "b", "Ready")
 
+        await sql(database_url, "ALTER TABLE leases RENAME TO leases_unreadable")
+        try:
+            # The election cannot read leases: it proceeds as unleased, so a transient blip cannot park the lane.
+            await wait_for(serving)
+            errors = metric(await system.metrics("scheduler"), "flexinfer_lease_read_errors_total")
+            assert errors is not None and errors >= 1
+        finally:
+            await sql(database_url, "ALTER TABLE leases_unreadable RENAME TO leases")
+        await wait_for(lambda: all_parked_by(system, "trainer"))  # readable again: the lease holds again
+        assert await running(system) == []
+
+        await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease")
         await wait_for(serving)
         assert len(await running(system)) == 1
 
@@ -346,30 +378,6 @@ async def test_bad_lease_calls_get_a_4xx_naming_the_problem_and_change_nothing(
         assert status == 200
 
 
-async def test_a_lease_read_error_fails_open_toward_serving_and_the_lease_holds_again_once_readable(
-    database_url: str, bus: Bus, tmp_path: Path
-) -> None:
-    services = ("scheduler", "actuator", "lease-manager")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
-        await system.put_model(fake_model("a"))
-        await wait_for(lambda: phase_is(system, "a", "Ready"))
-        status, lease = await acquire(system, {"group": "gpu", "owner": "trainer"}, "30s")
-        assert status == 201 and lease["phase"] == "Held"
-
-        await sql(database_url, "ALTER TABLE leases RENAME TO leases_unreadable")
-        try:
-            # The election cannot read leases: it proceeds as unleased, so a transient blip cannot park the lane.
-            await wait_for(lambda: phase_is(system, "a", "Ready"))
-            errors = metric(await system.metrics("scheduler"), "flexinfer_lease_read_errors_total")
-            assert errors is not None and errors >= 1
-        finally:
-            await sql(database_url, "ALTER TABLE leases_unreadable RENAME TO leases")
-        await wait_for(lambda: all_parked_by(system, "trainer"))
-        assert await running(system) == []
-
-
 @dataclass
 class LeaseManagerProcess:
     """The lease manager as a real process, so that a test can SIGKILL it."""
@@ -455,7 +463,7 @@ async def test_a_dead_lease_manager_strands_nothing_its_lease_lapses_at_its_ttl(
     async with running_system(
         database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=("lease-manager",)
     ) as again:
-        await wait_for(lambda: _async(recorder.kinds("trainer-gpu-lease")[-1:] == ["lease.expired"]))
+        await recorder.last_kind("trainer-gpu-lease", "lease.expired")
         assert (await again.get("lease-manager", "/api/v1/leases"))["items"] == []
 
 
@@ -493,12 +501,7 @@ time.sleep(120)
 async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_leaves_it_to_the_ttl(
     database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
-    services = ("scheduler", "actuator", "lease-manager")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
-        await system.put_model(fake_model("a"))
-        await wait_for(lambda: phase_is(system, "a", "Ready"))
+    async with serving_a(database_url, bus, tmp_path) as system:
         env = {"FLEXINFER_LEASE_MANAGER_URL": system.url("lease-manager")}
         run = ("lease", "run", "--group", "gpu", "--owner", "trainer", "--ttl", "60s", "--")
 

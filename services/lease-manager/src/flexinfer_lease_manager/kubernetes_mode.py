@@ -161,7 +161,8 @@ class KubeSync:
         try:
             await call
         except KubeError as exc:
-            if exc.not_found or (exc.conflict and what.startswith("create")):
+            creating = what.startswith("create")
+            if (exc.not_found and not creating) or (exc.conflict and creating):
                 return False  # gone meanwhile / made meanwhile: the watch shows it, the next reconcile goes on
             log.warning(f"cannot {what}; retrying at the next reconcile", extra={**where, "error": str(exc)})
             return False

@@ -249,7 +249,9 @@ class LeaseManager:
             if taken is not None:
                 await self.acquired(taken)
                 break
-            if holder is not None and holder.group != request.group:
+            if holder is None:
+                continue  # what was in the way went meanwhile: try again
+            if holder.group != request.group:
                 raise LeaseRefused(
                     Refusal.NAME_TAKEN,
                     f"the lease name {name} is taken by the lease of group {holder.group} (owner {holder.owner}); "
@@ -258,8 +260,7 @@ class LeaseManager:
                 )
             remaining = deadline - loop.time()
             if remaining <= 0:
-                message = group_leased_message(holder) if holder else f"group {request.group} is leased"
-                raise LeaseRefused(Refusal.GROUP_LEASED, message, holder)
+                raise LeaseRefused(Refusal.GROUP_LEASED, group_leased_message(holder), holder)
             await self._changed(min(remaining, 1.0))
         lease = taken
         while lease.phase is not LeasePhase.HELD and (remaining := deadline - loop.time()) > 0:

@@ -20,6 +20,7 @@ from flexinfer_common.kube.client import KubeClient, connect_from_settings, own_
 from flexinfer_common.logs import get_logger
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
 from flexinfer_common.settings import ActuatorKind
+from flexinfer_lease_manager import __version__
 from flexinfer_lease_manager.adapters.store import LeaseStore
 from flexinfer_lease_manager.api import create_app
 from flexinfer_lease_manager.kubernetes_mode import KubernetesMode
@@ -34,7 +35,7 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: C
     instance = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
     kube: KubeClient | None = None
     if settings.actuator is ActuatorKind.KUBERNETES:
-        kube = connect_from_settings(settings)
+        kube = connect_from_settings(settings, user_agent=f"flexinfer-lease-manager/{__version__} ({instance})")
     engine = create_engine(settings.database_url, pool_size=5)
     store = LeaseStore(session_factory(engine))
     bus = Bus(settings.nats_url, name=f"flexinfer-lease-manager:{instance}")

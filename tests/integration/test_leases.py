@@ -23,8 +23,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from flexinfer_cli.apply import execute_plan, plan_apply
+from flexinfer_cli.client import AdminClient
+from flexinfer_cli.config import Service
 from flexinfer_common.bus import Bus
 from flexinfer_common.embedded import free_port
+from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
 from tests.integration.test_scheduler_policies import members, running, sql
 from tests.integration.test_swap import wait_for
@@ -376,6 +380,19 @@ async def test_bad_lease_calls_get_a_4xx_naming_the_problem_and_change_nothing(
         assert renewed["renewTime"] > held["renewTime"] and renewed["acquiredAt"] == held["acquiredAt"]
         status, _ = await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease?owner=trainer")
         assert status == 200
+
+        # `flexinfer apply -f` of a GPULease manifest (its code path): created, and unchanged when applied again.
+        manifest = (
+            "apiVersion: ai.flexinfer/v1alpha1\nkind: GPULease\nmetadata: {name: maint}\n"
+            "spec: {group: gpu, owner: ops, ttlSeconds: 600}\n"
+        )
+        plan = plan_apply(load_manifests(manifest), default_namespace="default")
+        async with AdminClient(Service.LEASE_MANAGER, system.url("lease-manager")) as client:
+            clients = {Service.LEASE_MANAGER: client}
+            assert (await execute_plan(plan, clients)).lines == ["gpulease/maint created"]
+            assert (await execute_plan(plan, clients)).lines == ["gpulease/maint unchanged"]
+        lease = await system.get("lease-manager", "/api/v1/leases/maint")
+        assert (lease["group"], lease["owner"], lease["ttlSeconds"], lease["source"]) == ("gpu", "ops", 600, "api")
 
 
 @dataclass

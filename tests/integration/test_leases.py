@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -123,8 +124,9 @@ async def chat(proxy: str, model: str) -> tuple[int, dict[str, str]]:
 
 
 async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release_re_promotes_serving(
-    database_url: str, bus: Bus, tmp_path: Path
+    database_url: str, bus: Bus, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)  # every log line on these paths is made (a bad one would break the reconcile)
     recorder = Recorder()
     await recorder.start(bus)
     async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
@@ -264,109 +266,117 @@ async def test_bad_lease_calls_get_a_4xx_naming_the_problem_and_change_nothing(
         )
         before = await leases_as_written(system)
 
-        cases: list[tuple[str, str, Any, int, str]] = [
+        leases = "/api/v1/leases"
+        trainers = "/api/v1/leases/trainer-gpu-lease"
+        ok = {"group": "gpu", "owner": "x"}
+        cases: list[tuple[str, str, Any, int, str, str]] = [
             (
                 "POST",
-                "/api/v1/leases",
-                {"group": "gpu", "owner": "x", "ttlSeconds": 59},
+                leases,
+                {**ok, "ttlSeconds": 59},
                 422,
+                "invalid_lease",
                 "ttlSeconds: must be at least 60 (got 59)",
             ),
             (
                 "POST",
-                "/api/v1/leases",
+                leases,
                 {"group": "nope", "owner": "x"},
                 422,
+                "unknown_group",
                 "group 'nope' is not a GPU group: no Model has spec.gpu.shared 'nope' and no GPUGroup is named 'nope' "
                 "(known groups: gpu, lab)",
             ),
             (
                 "POST",
-                "/api/v1/leases",
-                {"group": "gpu", "owner": "two words"},
+                leases,
+                {**ok, "owner": "two words"},
                 422,
+                "invalid_lease",
                 "owner: 'two words' is not a valid owner",
             ),
-            ("POST", "/api/v1/leases", {"group": "gpu"}, 422, "body.owner: Field required"),
+            ("POST", leases, {"group": "gpu"}, 422, "invalid_request", "owner: Field required"),
+            ("POST", leases, {**ok, "ttl": 600}, 422, "invalid_request", "ttl: Extra inputs are not permitted"),
+            ("POST", leases, {**ok, "ttlSeconds": "soon"}, 422, "invalid_request", "ttlSeconds: Input should be"),
             (
                 "POST",
-                "/api/v1/leases",
-                {"group": "gpu", "owner": "x", "ttl": 600},
+                leases,
+                {**ok, "name": "Not_A_Name"},
                 422,
-                "body.ttl: Extra inputs are not permitted",
-            ),
-            ("POST", "/api/v1/leases", {"group": "gpu", "owner": "x", "ttlSeconds": "soon"}, 422, "body.ttlSeconds:"),
-            (
-                "POST",
-                "/api/v1/leases",
-                {"group": "gpu", "owner": "x", "name": "Not_A_Name"},
-                422,
+                "invalid_lease",
                 "name: 'Not_A_Name' is not a valid name",
             ),
-            ("POST", "/api/v1/leases", [1, 2], 422, "body: Input should be a valid dictionary"),
-            ("POST", "/api/v1/leases?wait=soon", {"group": "gpu", "owner": "x"}, 422, "wait: not a duration: 'soon'"),
-            ("POST", "/api/v1/leases?wait=1h", {"group": "gpu", "owner": "x"}, 422, "wait: at most 10m"),
+            ("POST", leases, [1, 2], 422, "invalid_request", "Input should be a valid dictionary"),
+            ("POST", leases + "?wait=soon", ok, 422, "invalid_request", "wait: not a duration: 'soon'"),
+            ("POST", leases + "?wait=1h", ok, 422, "invalid_request", "wait: at most 10m"),
             (
                 "POST",
-                "/api/v1/leases",
-                {"group": "gpu", "owner": "x", "name": "trainer-gpu-lease"},
+                leases,
+                {**ok, "name": "trainer-gpu-lease"},
                 409,
+                "group_leased",
                 "group gpu is leased by trainer-gpu-lease (owner trainer",
             ),
             (
                 "POST",
-                "/api/v1/leases",
+                leases,
                 {"group": "lab", "owner": "x", "name": "trainer-gpu-lease"},
                 409,
+                "lease_name_taken",
                 "the lease name trainer-gpu-lease is taken by the lease of group gpu",
             ),
             (
                 "POST",
-                "/api/v1/leases/trainer-gpu-lease/renew",
+                trainers + "/renew",
                 {"owner": "mallory"},
                 409,
+                "owner_mismatch",
                 "lease trainer-gpu-lease is held by owner trainer, not mallory; nothing changed",
             ),
+            ("POST", trainers + "/renew", {"ttlSeconds": 30}, 422, "invalid_lease", "ttlSeconds: must be at least 60"),
             (
                 "POST",
-                "/api/v1/leases/trainer-gpu-lease/renew",
-                {"ttlSeconds": 30},
-                422,
-                "ttlSeconds: must be at least 60 (got 30)",
-            ),
-            (
-                "POST",
-                "/api/v1/leases/trainer-gpu-lease/renew",
+                trainers + "/renew",
                 {"ttlSeconds": 600, "extra": 1},
                 422,
-                "body.extra: Extra inputs are not permitted",
+                "invalid_request",
+                "extra: Extra inputs are not permitted",
             ),
             (
                 "DELETE",
-                "/api/v1/leases/trainer-gpu-lease?owner=mallory",
+                trainers + "?owner=mallory",
                 None,
                 409,
+                "owner_mismatch",
                 "lease trainer-gpu-lease is held by owner trainer, not mallory; nothing changed",
             ),
-            ("POST", "/api/v1/leases/ghost/renew", None, 404, "lease ghost not found (it was released, or it expired)"),
-            ("DELETE", "/api/v1/leases/ghost", None, 404, "lease ghost not found"),
-            ("GET", "/api/v1/leases/ghost", None, 404, "lease ghost not found"),
+            (
+                "POST",
+                "/api/v1/leases/ghost/renew",
+                None,
+                404,
+                "lease_not_found",
+                "lease ghost not found (it was released, or it expired)",
+            ),
+            ("DELETE", "/api/v1/leases/ghost", None, 404, "lease_not_found", "lease ghost not found"),
+            ("GET", "/api/v1/leases/ghost", None, 404, "lease_not_found", "lease ghost not found"),
             (
                 "DELETE",
                 "/api/v1/leases/lab-lease",
                 None,
                 409,
+                "managed_in_kubernetes",
                 "lease lab-lease is the GPULease ml/lab-lease: delete it with "
                 "`kubectl delete gpulease -n ml lab-lease`",
             ),
         ]
-        for method, path, body, code, message in cases:
+        for method, path, body, status_code, code, message in cases:
             status, answer = await system.call(method, "lease-manager", path, body)
-            assert status == code, (method, path, body, answer)
+            assert status == status_code, (method, path, body, answer)
             assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "code"}, answer
-            assert message in answer["error"]["message"], (method, path, answer)
+            assert answer["error"]["code"] == code and message in answer["error"]["message"], (method, path, answer)
         status, answer = await system.call(
-            "POST", "lease-manager", "/api/v1/leases", data=b"{not json", headers={"Content-Type": "application/json"}
+            "POST", "lease-manager", leases, data=b"{not json", headers={"Content-Type": "application/json"}
         )
         assert status == 422 and "JSON decode error" in answer["error"]["message"], answer
 

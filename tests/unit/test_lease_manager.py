@@ -694,7 +694,7 @@ def test_a_suspended_job_starts_only_once_its_lease_is_held(held: bool, admitted
         ),
         pytest.param(
             {"FLEXINFER_LEASE_DEFAULT_TTL": "30s"},
-            "FLEXINFER_LEASE_DEFAULT_TTL: Value error, must be at least 60s",
+            "FLEXINFER_LEASE_DEFAULT_TTL: must be at least 60s",
             id="default-ttl-under-60s",
         ),
     ],

@@ -23,9 +23,13 @@ from datetime import timedelta
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from pydantic import ValidationError
+
 from flexinfer_cli.client import ApiError, CliError, ServiceUnreachable
 from flexinfer_cli.supervisor import parent_death_preexec
-from flexinfer_common.durations import format_duration, parse_duration
+from flexinfer_common.admin_api import Lease, LeaseAcquire
+from flexinfer_common.clock import rfc3339
+from flexinfer_common.durations import parse_duration
 from flexinfer_common.manifests import MIN_LEASE_TTL_SECONDS
 
 LEASES = "/api/v1/leases"
@@ -99,10 +103,9 @@ def lease_body(
     name: str | None = None,
     namespace: str | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"group": group, "owner": owner}
-    for key, value in (("node", node), ("ttlSeconds", ttl_seconds), ("name", name), ("namespace", namespace)):
-        if value is not None:
-            body[key] = value
+    """The body of ``POST /api/v1/leases`` (the lease manager's own request model)."""
+    request = LeaseAcquire(group=group, owner=owner, node=node, ttl_seconds=ttl_seconds, name=name, namespace=namespace)
+    body: dict[str, Any] = request.model_dump(by_alias=True, exclude_none=True)
     return body
 
 
@@ -110,15 +113,18 @@ def lease_path(name: str, suffix: str = "") -> str:
     return f"{LEASES}/{quote(name, safe='')}{suffix}"
 
 
-def lease_line(verb: str, lease: Any) -> str:
-    if not isinstance(lease, dict):
-        return verb
-    details = [f"group {lease.get('group')}", f"owner {lease.get('owner')}"]
-    if lease.get("phase"):
-        details.append(str(lease["phase"]))
-    if lease.get("expiresAt"):
-        details.append(f"expires {lease['expiresAt']}")
-    return f"gpulease/{lease.get('name')} {verb} ({', '.join(details)})"
+def lease_line(verb: str, answer: Any) -> str:
+    """``gpulease/<name> <verb> (group G, owner O, <phase>, expires T)``, read through the API's Lease model."""
+    try:
+        lease = Lease.model_validate(answer)
+    except ValidationError:
+        raise CliError(f"the lease manager's answer is not a lease: {str(answer)[:200]}") from None
+    details = [f"group {lease.group}", f"owner {lease.owner}"]
+    if lease.phase is not None:
+        details.append(lease.phase.value)
+    if lease.expires_at is not None:
+        details.append(f"expires {rfc3339(lease.expires_at)}")
+    return f"gpulease/{lease.name} {verb} ({', '.join(details)})"
 
 
 def _leased(exc: ApiError) -> bool:
@@ -295,7 +301,3 @@ async def _release(client: LeaseApi, lease: dict[str, Any], echo: Echo) -> None:
         echo(f"warning: cannot release gpulease/{name}: {exc}; it lapses at its TTL")
         return
     echo(f"gpulease/{name} released")
-
-
-def describe_ttl(seconds: int) -> str:
-    return format_duration(timedelta(seconds=seconds))

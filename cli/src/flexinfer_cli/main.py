@@ -375,7 +375,7 @@ def lease_renew(
     if output is OutputFormat.JSON:
         print_json(lease)
     else:
-        typer.echo(lease_line("renewed", lease) if isinstance(lease, dict) else f"gpulease/{name} renewed")
+        typer.echo(lease_line("renewed", lease) if lease is not None else f"gpulease/{name} renewed")
 
 
 @lease_app.command("release")

@@ -346,10 +346,8 @@ class LeaseManager:
             reason=reason,
             time=self.clock.now(),
         )
-        instance = f"{lease.name}:{lease.acquired_at.timestamp():.6f}"
-        msg_id = f"{instance}:{kind}" + (f":{lease.renew_time.timestamp():.6f}" if kind == "lease.renewed" else "")
-        try:
-            await self.bus.publish(subjects.event_subject("lease", lease.group), event, msg_id=msg_id)
+        try:  # one attempt, so the bus gives it a message id of the one scheme
+            await self.bus.publish(subjects.event_subject("lease", lease.group), event)
         except Exception as exc:  # an observer's event: the lease itself is in Postgres
             log.warning("lease event not published", extra={"kind": kind, "lease": lease.name, "error": repr(exc)})
 
@@ -394,9 +392,7 @@ class LeaseManager:
             checked = with_verdict(lease, park_verdict(lease, members[lease.group], self.honoured(lease.group)), now)
             if checked != lease and await self.store.replace(lease, checked):
                 if checked.held_at is not None and lease.held_at is None:
-                    log.info(
-                        "lease held", extra={"lease": lease.name, "group": lease.group, "message": checked.message}
-                    )
+                    log.info("lease held", extra={"lease": lease.name, "group": lease.group, "detail": checked.message})
                     await self._publish("lease.held", checked)
                 self._notify()
                 lease = checked

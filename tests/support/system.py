@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,21 @@ class System:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
+    async def call(self, method: str, service: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        """One request: (status, decoded JSON body or None)."""
+        assert self.http is not None
+        async with self.http.request(method, self.url(service) + path, json=body, **kwargs) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text) if text else None
+            except json.JSONDecodeError:
+                return resp.status, text
+
+    async def metrics(self, service: str) -> str:
+        assert self.http is not None
+        async with self.http.get(self.url(service) + "/metrics") as resp:
+            return await resp.text()
+
 
 TIMINGS = {
     "reconcile_interval": 0.3,
@@ -83,6 +99,7 @@ TIMINGS = {
     "restart_backoff": 1,
     "load_timeout": 30,
     "queue_timeout": 60,
+    "lease_refresh_interval": 1,
 }
 
 
@@ -148,10 +165,12 @@ async def running_system(
     state_dir: Path,
     services: tuple[str, ...] = ("scheduler", "actuator", "proxy"),
     kubeconfig: Path | None = None,
+    lease_manager: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[System]:
     """The services in-process. With ``kubeconfig`` the actuator runs its ``kubernetes`` back-end against that
-    cluster (the API emulator of tests/support/kube)."""
+    cluster (the API emulator of tests/support/kube); ``lease_manager``: settings of the lease manager only (e.g.
+    its Kubernetes mode)."""
     common = {"nats_url": nats_url, "database_url": database_url, "bind_host": "127.0.0.1", **TIMINGS}
     if kubeconfig is not None:
         common.update(KUBERNETES_TIMINGS, actuator="kubernetes", kubeconfig=str(kubeconfig))
@@ -164,6 +183,8 @@ async def running_system(
                 extra["instance_id"] = "actuator-test"
             if name == "proxy":
                 extra["instance_id"] = "proxy-test"
+            if name == "lease-manager":
+                extra.update(instance_id="lease-manager-test", **(lease_manager or {}))
             await _start(system, name, name, {**common, **extra})
         system.token = overrides.get("admin_token")
         system.http = aiohttp.ClientSession(headers=system.auth())

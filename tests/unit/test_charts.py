@@ -331,6 +331,19 @@ ACTUATOR_RULES = {
 }
 
 
+def leader_election_rules(lease: str) -> list[dict[str, Any]]:
+    """Create the coordination.k8s.io Lease, then get and update only that one."""
+    return [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
 def _rule_set(role: dict[str, Any]) -> set[tuple[str, str, frozenset[str]]]:
     return {(group, resource, frozenset(verbs)) for group, resource, verbs in _rules(role)}
 
@@ -364,15 +377,7 @@ def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
 
     election = one(documents, "Role")
     assert election["metadata"]["namespace"] == NAMESPACE
-    assert election["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["flexinfer-actuator"],
-            "verbs": ["get", "update"],
-        },
-    ]
+    assert election["rules"] == leader_election_rules("flexinfer-actuator")
     assert one(documents, "RoleBinding")["roleRef"]["name"] == election["metadata"]["name"]
 
 
@@ -394,18 +399,53 @@ def test_actuator_with_the_local_backend_needs_no_lease() -> None:
     assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
-def test_lease_manager_rbac_covers_leases_legacy_configmaps_caches_and_jobs() -> None:
+LEASE_MANAGER_RULES = {
+    ("ai.flexinfer", "gpuleases", frozenset({"list", "watch", "create", "patch", "delete"})),
+    ("ai.flexinfer", "gpuleases/status", frozenset({"patch"})),
+    ("ai.flexinfer", "modelcaches", frozenset({"list", "watch"})),
+    ("batch", "jobs", frozenset({"list", "watch", "patch"})),
+    ("", "configmaps", frozenset({"list", "watch"})),
+    ("", "events", frozenset({"create", "patch"})),
+}
+
+
+def test_lease_manager_defaults_to_kubernetes_with_exactly_the_rbac_it_needs() -> None:
     documents = render(CHARTS / "lease-manager")
+    env = env_of(deployment_container(documents))
+    assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
+    assert env["FLEXINFER_LEADER_ELECTION"]["value"] == "true"
+    assert env["FLEXINFER_LEADER_ELECTION_LEASE"]["value"] == "flexinfer-lease-manager"
+    assert "FLEXINFER_WATCH_NAMESPACES" not in env
+    assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
     role = one(documents, "ClusterRole")
-    assert _allows(role, "ai.flexinfer", "gpuleases", {"get", "list", "watch", "create", "update", "patch", "delete"})
-    assert _allows(role, "ai.flexinfer", "gpuleases/status", {"update", "patch"})
-    assert _allows(role, "", "configmaps", {"get", "list", "watch"})
-    assert _allows(role, "ai.flexinfer", "modelcaches", {"get", "list", "watch"})
-    assert _allows(role, "batch", "jobs", {"get", "list", "watch"})
-    assert (
-        one(documents, "ClusterRoleBinding")["subjects"][0]["name"]
-        == one(documents, "ServiceAccount")["metadata"]["name"]
-    )
+    # Exactly what the code calls (tests/integration/test_lease_kubernetes.py checks the other direction): no get,
+    # no update, nothing on Secrets, Pods or Deployments; Jobs are only patched (started), never created.
+    assert _rule_set(role) == LEASE_MANAGER_RULES
+    assert not _allows(role, "batch", "jobs", {"create"})
+    assert not _allows(role, "", "secrets", {"get"})
+    binding = one(documents, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": one(documents, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    election = one(documents, "Role")
+    assert election["metadata"]["namespace"] == NAMESPACE
+    assert election["rules"] == leader_election_rules("flexinfer-lease-manager")
+
+
+def test_lease_manager_watching_listed_namespaces_gets_a_role_in_each_and_in_its_own() -> None:
+    documents = render(CHARTS / "lease-manager", {"watchNamespaces": ["ml", "chat"]})
+    assert not objects(documents, "ClusterRole")
+    roles = {r["metadata"]["namespace"]: r for r in objects(documents, "Role") if "leader" not in r["metadata"]["name"]}
+    assert set(roles) == {"ml", "chat", NAMESPACE}  # the release namespace: leases taken through the API live there
+    assert all(_rule_set(role) == LEASE_MANAGER_RULES for role in roles.values())
+
+
+def test_lease_manager_in_local_mode_needs_no_leader_lease() -> None:
+    documents = render(CHARTS / "lease-manager", {"backend": "local"})
+    assert env_of(deployment_container(documents))["FLEXINFER_ACTUATOR"]["value"] == "local"
+    assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
 def test_proxy_and_scheduler_need_no_kubernetes_api() -> None:
@@ -585,6 +625,14 @@ def test_crd_printer_columns(crds: dict[str, dict[str, Any]]) -> None:
         ("OWNER", ".spec.owner", "string"),
         ("NODE", ".spec.node", "string"),
         ("EXPIRES", ".status.expiresAt", "string"),
+        ("PHASE", ".status.phase", "string"),
+    ]
+    # ... and only those: PHASE is for -o wide.
+    assert [c["name"] for c in _version(crds["GPULease"])["additionalPrinterColumns"] if not c.get("priority")] == [
+        "GROUP",
+        "OWNER",
+        "NODE",
+        "EXPIRES",
     ]
 
 
@@ -713,6 +761,10 @@ def test_crd_schema_matches_the_pydantic_manifest(
     problems: list[str] = []
     spec_field = model.model_fields["spec"]
     _compare_field(spec_field.annotation, None, schema["properties"]["spec"], "spec", problems)
+    if kind == "GPULease":
+        _compare_model(
+            manifests.GPULeaseStatus, schema["properties"]["status"], "status", problems, check_defaults=False
+        )
     if kind == "Model":
         status = copy.deepcopy(schema["properties"]["status"])
         # Kubernetes only: the actuator derives the conditions from the status when it writes it back.

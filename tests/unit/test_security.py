@@ -172,6 +172,37 @@ async def test_every_error_is_the_one_json_shape(method: str, path: str, status:
     assert "secret internal detail" not in response.text and "/srv" not in response.text
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        pytest.param(b"\x00not json", {}, {401}, id="no-token-not-json-is-401-not-4xx-about-the-body"),
+        pytest.param(b'{"n": "x"}', {"Authorization": "Bearer wrong"}, {401}, id="wrong-token-bad-body-is-401"),
+        pytest.param(
+            b"\x00not json", {"Authorization": "Bearer tok"}, {400, 422}, id="with-the-token-the-body-is-judged"
+        ),
+    ],
+)
+async def test_the_token_is_checked_before_the_body_is_read(
+    body: bytes, headers: dict[str, str], status: set[int]
+) -> None:
+    app = admin_app("t", "0", ready)
+    api = admin_router("tok")
+
+    @api.post("/things")
+    async def things(payload: dict[str, int]) -> dict[str, int]:
+        return payload
+
+    app.include_router(api)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.post(
+            "/api/v1/things", content=body, headers={"Content-Type": "application/json", **headers}
+        )
+    assert response.status_code in status
+    if status == {401}:
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
 async def test_openapi_documents_the_bearer_scheme_and_the_error_shape() -> None:
     spec = app_with_errors("tok").openapi()
     assert spec["components"]["securitySchemes"]["adminToken"] == {

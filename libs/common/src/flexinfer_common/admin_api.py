@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flexinfer_common.enums import LeasePhase
 from flexinfer_common.manifests import Model
 
 
@@ -80,9 +81,11 @@ class SwapList(_Body):
 
 
 class Lease(_Body):
-    """A GPU lease (the lease manager's API)."""
+    """A GPU lease (the lease manager's API): it holds its group until ``expiresAt`` unless renewed; ``phase`` is
+    ``Parking`` until every serving member of the group is parked, then ``Held``."""
 
     name: str
+    namespace: str | None = Field(None, description="Where its GPULease lives (Kubernetes mode)")
     group: str
     owner: str
     node: str | None = None
@@ -90,6 +93,34 @@ class Lease(_Body):
     acquired_at: datetime | None = Field(None, alias="acquiredAt")
     expires_at: datetime | None = Field(None, alias="expiresAt")
     renew_time: datetime | None = Field(None, alias="renewTime")
+    phase: LeasePhase | None = Field(None, examples=["Held"])
+    message: str = Field("", description="What it waits for, or that the group is parked")
+    held_at: datetime | None = Field(None, alias="heldAt", description="When every member was first seen parked")
+    source: str | None = Field(None, description="Who asked for it: api, gpulease, modelcache, job or configmap")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class LeaseAcquire(_Request):
+    """``POST /api/v1/leases``: take a group's GPU."""
+
+    group: str = Field(description="The shared GPU group to hold (a Model's spec.gpu.shared, or a GPUGroup)")
+    owner: str = Field(description="Who holds it; the group's models show preemptedBy gpu-lease/<owner>")
+    node: str | None = Field(None, description="The node the work runs on (shown, not enforced)")
+    ttl_seconds: int | None = Field(
+        None, alias="ttlSeconds", description="Seconds it holds without a renewal (min 60); default 1h"
+    )
+    name: str | None = Field(None, description="The lease's name; default <owner>-gpu-lease")
+    namespace: str | None = Field(None, description="Where its GPULease lives in Kubernetes mode")
+
+
+class LeaseRenewal(_Request):
+    """``POST /api/v1/leases/{name}/renew``: ``expiresAt`` = now + the TTL (a new one when given)."""
+
+    owner: str | None = Field(None, description="When given, the lease must be this owner's")
+    ttl_seconds: int | None = Field(None, alias="ttlSeconds", description="A new TTL (min 60), from now on")
 
 
 class LeaseList(_Body):

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Index, Integer, String, Text, text
+from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -102,18 +102,29 @@ class SwapRow(Base):
 
 
 class LeaseRow(Base):
+    """A GPU lease that holds its group (one per group: the unique index decides a race). The lease manager writes
+    these; the scheduler's election honours every row until ``expires_at``."""
+
     __tablename__ = "leases"
+    __table_args__ = (CheckConstraint("ttl_seconds >= 60", name="ck_leases_ttl_seconds_min"),)
 
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     namespace: Mapped[str] = mapped_column(String(253), default="default", server_default="default")
-    group_name: Mapped[str] = mapped_column(String(253), index=True)
+    group_name: Mapped[str] = mapped_column(String(253), index=True, unique=True)
     owner: Mapped[str] = mapped_column(String(253))
     node: Mapped[str | None] = mapped_column(String(253))
     ttl_seconds: Mapped[int] = mapped_column(Integer)
     acquired_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     renew_time: Mapped[datetime]
+    # api (the REST API), gpulease (a GPULease written with kubectl), modelcache, job or configmap
     source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
+    # Parking until every serving member of the group is seen parked, then Held (held_at: when first seen)
+    phase: Mapped[str] = mapped_column(String(16), default="Parking", server_default="Parking")
+    message: Mapped[str] = mapped_column(Text, default="", server_default="")
+    held_at: Mapped[datetime | None]
+    # the uid of the GPULease resource that carries it (Kubernetes mode): its deletion releases the lease
+    resource_uid: Mapped[str | None] = mapped_column(String(64))
 
 
 class DemandSignalRow(Base):

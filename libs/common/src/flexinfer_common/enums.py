@@ -61,3 +61,13 @@ class SwapReason(StrEnum):
     LEASE = "gpu-lease"
     INITIAL = "initial"
     RECOVERY = "recovery"
+
+
+class LeasePhase(StrEnum):
+    """Where a GPU lease stands. ``Pending``: asked for (a GPULease, a Job, a ModelCache) but its group is held by
+    another lease or unknown; ``Parking``: it holds the group and the serving members are being parked; ``Held``:
+    every serving member is parked, the GPU is the lease holder's."""
+
+    PENDING = "Pending"
+    PARKING = "Parking"
+    HELD = "Held"

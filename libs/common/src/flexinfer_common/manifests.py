@@ -7,7 +7,7 @@ Field names are camelCase in YAML and JSON; Python code uses snake_case attribut
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from flexinfer_common.durations import format_duration, parse_duration
-from flexinfer_common.enums import ParkStrategy
+from flexinfer_common.enums import LeasePhase, ParkStrategy
 from flexinfer_common.messages import ModelStatus
 
 GROUP = "ai.flexinfer"
@@ -168,11 +168,26 @@ class GPUGroup(_Spec):
         return self.metadata.name
 
 
+MIN_LEASE_TTL_SECONDS = 60
+OWNER_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+"""A lease owner shows as ``gpu-lease/<owner>`` in ``preemptedBy`` and labels a metric: a name, no spaces or slashes."""
+
+
 class GPULeaseSpec(_Spec):
     group: str = Field(min_length=1)
-    owner: str = Field(min_length=1)
+    owner: str = Field(min_length=1, max_length=253, pattern=OWNER_PATTERN)
     node: str | None = None
-    ttl_seconds: int | None = Field(None, ge=60, alias="ttlSeconds")
+    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, alias="ttlSeconds")
+
+
+class GPULeaseStatus(_Spec):
+    """Written by the lease manager only."""
+
+    acquired_at: datetime | None = Field(None, alias="acquiredAt")
+    expires_at: datetime | None = Field(None, alias="expiresAt")
+    renew_time: datetime | None = Field(None, alias="renewTime")
+    phase: LeasePhase | None = None
+    message: str | None = None
 
 
 class GPULease(_Spec):
@@ -180,12 +195,12 @@ class GPULease(_Spec):
     kind: Literal["GPULease"] = "GPULease"
     metadata: ObjectMeta
     spec: GPULeaseSpec
-    status: dict[str, Any] | None = None
+    status: GPULeaseStatus | None = None
 
 
 class GpuLeaseRequest(_Spec):
     group: str = Field(min_length=1)
-    ttl_seconds: int | None = Field(None, ge=60, alias="ttlSeconds")
+    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, alias="ttlSeconds")
 
 
 class FinetuneSpec(_Spec):

@@ -191,6 +191,16 @@ class ModelRef(BaseModel):
         return f"{self.namespace}/{self.name}"
 
 
+class LeaseRef(BaseModel):
+    """One GPU lease, as the election that honoured it saw it (``acquired_at`` tells two leases of one name apart)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    name: str
+    owner: str
+    acquired_at: datetime | None = None
+
+
 class GroupStatusUpdate(Message):
     """The scheduler publishes a group's new state (the Kubernetes actuator writes it to the GPUGroup's status)."""
 
@@ -200,6 +210,11 @@ class GroupStatusUpdate(Message):
     active_model: ModelRef | None = Field(None, description="The member that holds the GPU (or is loading onto it)")
     queue: list[ModelRef] = Field(
         default_factory=list, description="Members waiting for the GPU, in queue order (queuePosition 1, 2, ...)"
+    )
+    lease: LeaseRef | None = Field(
+        None,
+        description="The GPU lease the election honoured: no member may run while it holds. The lease manager "
+        "reports a lease Held only once the group status names it and every member is parked.",
     )
     time: datetime
 
@@ -281,17 +296,21 @@ class SwapEvent(Message):
 
 
 class LeaseEvent(Message):
-    """A GPU lease was acquired, renewed, released or expired."""
+    """A GPU lease was acquired, became held (every serving member of its group parked), was renewed, released or
+    expired. The lease manager publishes these; observers (and a training script) may wait on them."""
 
     SUBJECT: ClassVar[str] = "flexinfer.events.lease.<group>"
 
-    kind: Literal["lease.acquired", "lease.renewed", "lease.released", "lease.expired"]
+    kind: Literal["lease.acquired", "lease.held", "lease.renewed", "lease.released", "lease.expired"]
     name: Name
     group: str
     owner: str
     namespace: Name = "default"
     node: str | None = None
+    source: str = Field("api", description="Who asked for it: api, gpulease, modelcache, job or configmap")
+    acquired_at: datetime | None = None
     expires_at: datetime | None = None
+    reason: str = Field("", description="Why it was released or expired, in words")
     time: datetime
 
 

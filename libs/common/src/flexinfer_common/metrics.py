@@ -1,15 +1,11 @@
-"""Every Prometheus metric of the contract (section 5), defined once so names and labels cannot drift."""
+"""The Prometheus metrics of the contract (section 5) that more than one service needs, defined once so names and
+labels cannot drift. The seed's two GPU lease metrics live in the lease manager (``flexinfer_lease_manager.metrics``):
+it alone emits them, and a service exposes every metric it imports."""
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
-GPU_LEASE_ACTIVE = Gauge(
-    "flexinfer_gpu_lease_active", "1 while a GPU lease holds a group", ["group", "namespace", "owner"]
-)
-GPU_LEASE_ACQUIRED = Counter(
-    "flexinfer_gpu_lease_acquired_total", "GPU lease acquisitions", ["group", "namespace", "owner"]
-)
 SWAPS = Counter("flexinfer_swaps_total", "Swaps started", ["group", "from_model", "to_model", "reason"])
 SWAP_DURATION = Histogram(
     "flexinfer_swap_duration_seconds",

@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Response, Security
+from fastapi import APIRouter, Depends, FastAPI, Request, Response, Security
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from flexinfer_common.errors import ERROR_RESPONSES, ApiError, install_error_handlers
@@ -68,9 +69,37 @@ def admin_token_dependency(token: str | None) -> Callable[..., Awaitable[None]]:
     return check
 
 
+def _token_first(token: str | None) -> type[APIRoute]:
+    """A route class that checks the bearer token before FastAPI reads the request body: a caller without the
+    token gets 401 whatever it sends (a body that is not JSON would otherwise answer 422 first)."""
+    expected = token.encode() if token else None
+
+    class TokenFirstRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+            if expected is None:
+                return handler
+
+            async def checked(request: Request) -> Response:
+                scheme, _, given = request.headers.get("authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+                    raise ApiError(401, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
+                return await handler(request)
+
+            return checked
+
+    return TokenFirstRoute
+
+
 def admin_router(token: str | None) -> APIRouter:
-    """The ``/api/v1`` router of an admin API: the bearer check and the documented error shape on every route."""
-    return APIRouter(prefix="/api/v1", dependencies=[Depends(admin_token_dependency(token))], responses=ERROR_RESPONSES)
+    """The ``/api/v1`` router of an admin API: the bearer check (before the body is read; the dependency documents
+    it in the OpenAPI) and the documented error shape on every route."""
+    return APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(admin_token_dependency(token))],
+        responses=ERROR_RESPONSES,
+        route_class=_token_first(token),
+    )
 
 
 def admin_app(title: str, version: str, readiness: ReadinessCheck) -> FastAPI:
@@ -142,14 +171,24 @@ S = TypeVar("S", bound=CommonSettings)
 
 
 def run_service(
-    name: str, settings_cls: type[S], serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]]
+    name: str,
+    settings_cls: type[S],
+    serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]],
+    *,
+    check: Callable[[S], None] | None = None,
 ) -> None:
-    """A service's ``main``: settings (a bad value exits 2 naming the variable), JSON logs, then ``serve`` until
-    SIGTERM/SIGINT."""
+    """A service's ``main``: settings (a bad value, or a ``check`` raising SettingsError, exits 2 naming the
+    variable), JSON logs, then ``serve`` until SIGTERM/SIGINT (a server it cannot reach at start exits 1)."""
     try:
         settings = load_settings(settings_cls)
+        if check is not None:
+            check(settings)
     except SettingsError as exc:
         print(f"flexinfer-{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     start_logging(name, settings)
-    run_until_signalled(lambda stop: serve(settings, stop))
+    try:
+        run_until_signalled(lambda stop: serve(settings, stop))
+    except ConnectionError as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        raise SystemExit(1) from None

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.adapters.kubernetes import KubernetesScaler
 from flexinfer_actuator.adapters.renderer import WorkloadRenderer
 from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
@@ -31,13 +30,16 @@ from flexinfer_common.kube.client import (
     Object,
     own_namespace,
 )
+from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
-from flexinfer_common.kube.leader import LeaderElector
+from flexinfer_common.kube.leader import act_while_leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ModelStatus, RuntimeSpec
 from flexinfer_common.metrics import ACTUATOR_LEADER
 
 log = get_logger("flexinfer.actuator.kubernetes")
+
+COMPONENT = "flexinfer-actuator"  # the source of the Events it records
 
 
 @dataclass
@@ -72,7 +74,6 @@ class KubernetesMode:
         self.clock = clock
         self.namespaces = settings.namespaces()
         self.term: Term | None = None
-        self.elector: LeaderElector | None = None
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ what the service shows
@@ -94,27 +95,16 @@ class KubernetesMode:
 
     async def run(self, stop: asyncio.Event) -> None:
         ACTUATOR_LEADER.set(0)
-        if not self.settings.leader_election:
-            await self.start_leading()
-            try:
-                await stop.wait()
-            finally:
-                await self.stop_leading()
-            return
-        namespace = self.settings.leader_election_namespace or own_namespace(self.settings.namespace)
-        self.elector = LeaderElector(
+        await act_while_leading(
             self.client,
-            namespace=namespace,
-            name=self.settings.leader_election_lease,
+            self.settings,
+            lease_name=self.settings.leader_election_lease,
             identity=self.instance,
-            lease_duration=self.settings.leader_lease_duration.total_seconds(),
-            renew_deadline=self.settings.leader_renew_deadline.total_seconds(),
-            retry_period=self.settings.leader_retry_period.total_seconds(),
-            on_started_leading=self.start_leading,
-            on_stopped_leading=self.stop_leading,
+            namespace=own_namespace(self.settings.namespace),
+            start_acting=self.start_leading,
+            stop_acting=self.stop_leading,
+            stop=stop,
         )
-        log.info("standing by for the actuator lease", extra=self.elector.where)
-        await self.elector.run(stop)
 
     async def start_leading(self) -> None:
         async with self._lock:
@@ -160,7 +150,9 @@ class KubernetesMode:
 
         models, groups = informer(MODELS), informer(GPUGROUPS)
         deployments, pods, services = informer(DEPLOYMENTS), informer(PODS), informer(SERVICES)
-        events = EventRecorder(client, informers={"Model": models, "GPUGroup": groups}, instance=self.instance)
+        events = EventRecorder(
+            client, informers={"Model": models, "GPUGroup": groups}, instance=self.instance, component=COMPONENT
+        )
         errors = SpecErrors()
         spec_sync = SpecSync(
             bus=self.bus,

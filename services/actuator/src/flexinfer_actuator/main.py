@@ -22,7 +22,7 @@ from flexinfer_actuator.loop import Actuator, StatusPublisher
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
-from flexinfer_common.kube.client import KubeClient, describe_target
+from flexinfer_common.kube.client import KubeClient, connect_from_settings
 from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.runner import run_until_signalled
 from flexinfer_common.service import HttpServer
@@ -38,14 +38,7 @@ def instance_id(settings: ActuatorSettings) -> str:
 def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeClient:
     """The Kubernetes API client, or SettingsError naming what is wrong with the configuration."""
     agent = f"flexinfer-actuator/{__version__}" + (f" ({instance})" if instance else "")
-    try:
-        return KubeClient.connect(kubeconfig=settings.kubeconfig, context=settings.kube_context, user_agent=agent)
-    except Exception as exc:
-        where = describe_target(settings.kubeconfig, settings.kube_context)
-        raise SettingsError(
-            f"FLEXINFER_ACTUATOR=kubernetes: no usable Kubernetes configuration ({where}): {exc}. "
-            "Set FLEXINFER_KUBECONFIG (and FLEXINFER_KUBE_CONTEXT), or run in a pod with a service account."
-        ) from None
+    return connect_from_settings(settings, user_agent=agent)
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:

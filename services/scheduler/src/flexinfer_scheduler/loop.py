@@ -31,6 +31,7 @@ from flexinfer_common.messages import (
     ActuatorHello,
     Demand,
     GroupStatusUpdate,
+    LeaseRef,
     ModelRef,
     ModelStatus,
     ModelStatusUpdate,
@@ -475,13 +476,15 @@ class Scheduler:
             for key, view in plan.statuses.items()
             if view.state is SharedState.QUEUED and view.queue_position is not None
         )
-        fields = (plan.active, tuple(key for _, key in queued))
+        lease = (plan.lease.name, plan.lease.owner, plan.lease.acquired_at) if plan.lease else None
+        fields = (plan.active, tuple(key for _, key in queued), lease)
         if self._group_statuses.get(plan.group) == fields:
             return
         update = GroupStatusUpdate(
             group=plan.group,
             active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
             queue=[ModelRef(namespace=key.namespace, name=key.name) for _, key in queued],
+            lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2]) if lease else None,
             time=now,
         )
         await self._safe_publish(subjects.group_status_subject(plan.group), update, None)

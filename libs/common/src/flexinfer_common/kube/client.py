@@ -28,6 +28,7 @@ from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
 
 from flexinfer_common.logs import get_logger
+from flexinfer_common.settings import KubernetesSettings, SettingsError
 
 log = get_logger("flexinfer.kube")
 
@@ -142,6 +143,19 @@ def describe_target(kubeconfig: str, context: str) -> str:
     if in_cluster():
         return "in-cluster service account"
     return f"kubeconfig {os.environ.get('KUBECONFIG', '~/.kube/config')}" + (f" (context {context})" if context else "")
+
+
+def connect_from_settings(settings: KubernetesSettings, *, user_agent: str = "") -> KubeClient:
+    """The client a service's settings ask for, or SettingsError naming what is wrong with the configuration.
+    ``user_agent`` names the caller in the API server's audit log."""
+    try:
+        return KubeClient.connect(kubeconfig=settings.kubeconfig, context=settings.kube_context, user_agent=user_agent)
+    except Exception as exc:
+        where = describe_target(settings.kubeconfig, settings.kube_context)
+        raise SettingsError(
+            f"FLEXINFER_ACTUATOR=kubernetes: no usable Kubernetes configuration ({where}): {exc}. "
+            "Set FLEXINFER_KUBECONFIG (and FLEXINFER_KUBE_CONTEXT), or run in a pod with a service account."
+        ) from None
 
 
 class KubeClient:
@@ -289,8 +303,10 @@ class KubeClient:
             "PATCH", resource.path(namespace, name, subresource), body=body, content_type=patch_type.value
         )
 
-    async def delete(self, resource: Resource, namespace: str | None, name: str) -> Object:
-        return await self.request("DELETE", resource.path(namespace, name))
+    async def delete(self, resource: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> Object:
+        """DELETE; with ``uid``, only that very object (409 when the name now belongs to another)."""
+        body = {"preconditions": {"uid": uid}} if uid else None
+        return await self.request("DELETE", resource.path(namespace, name), body=body)
 
     # ------------------------------------------------------------------ watch
 

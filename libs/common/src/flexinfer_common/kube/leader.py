@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from flexinfer_common.kube.client import LEASES, KubeClient, KubeError, Object
 from flexinfer_common.logs import get_logger
+from flexinfer_common.settings import KubernetesSettings
 
 log = get_logger("flexinfer.kube.leader")
 
@@ -183,3 +184,41 @@ class LeaderElector:
         self.is_leader = False
         log.warning("no longer leading", extra={**self.where, "reason": why})
         await self._stopped()
+
+
+async def act_while_leading(
+    client: KubeClient,
+    settings: KubernetesSettings,
+    *,
+    lease_name: str,
+    identity: str,
+    namespace: str,
+    start_acting: Callable[[], Awaitable[None]],
+    stop_acting: Callable[[], Awaitable[None]],
+    stop: asyncio.Event,
+) -> None:
+    """Act while this replica holds the ``lease_name`` Lease (in ``FLEXINFER_LEADER_ELECTION_NAMESPACE``, else
+    ``namespace``), or at once with ``FLEXINFER_LEADER_ELECTION=false``, until ``stop``; never acting afterwards."""
+    if not settings.leader_election:
+        await start_acting()
+        try:
+            await stop.wait()
+        finally:
+            await stop_acting()
+        return
+    elector = LeaderElector(
+        client,
+        namespace=settings.leader_election_namespace or namespace,
+        name=lease_name,
+        identity=identity,
+        lease_duration=settings.leader_lease_duration.total_seconds(),
+        renew_deadline=settings.leader_renew_deadline.total_seconds(),
+        retry_period=settings.leader_retry_period.total_seconds(),
+        on_started_leading=start_acting,
+        on_stopped_leading=stop_acting,
+    )
+    log.info("standing by for the leader lease", extra=elector.where)
+    try:
+        await elector.run(stop)
+    finally:
+        await stop_acting()

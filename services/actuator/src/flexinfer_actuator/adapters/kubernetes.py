@@ -18,10 +18,8 @@ from datetime import datetime, timedelta
 
 import stamina
 
-from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.adapters.sleep_mode import SleepMode
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
-from flexinfer_actuator.domain.resources import EventType, Note
 from flexinfer_actuator.domain.workloads import (
     DEFAULT_MODEL_PORT,
     RunState,
@@ -38,9 +36,11 @@ from flexinfer_actuator.ports import StatusSink
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import ParkStrategy, RuntimePhase
 from flexinfer_common.kube.client import DEPLOYMENTS, KubeClient, KubeError, Object
+from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import RuntimeSpec
+from flexinfer_common.notes import EventType, Note
 from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.kubernetes")

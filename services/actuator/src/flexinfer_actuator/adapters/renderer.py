@@ -31,12 +31,12 @@ from flexinfer_actuator.domain.rendering import (
     render,
     rollout_patch,
 )
-from flexinfer_actuator.domain.resources import EventType, Note
 from flexinfer_actuator.domain.workloads import selector_matches
 from flexinfer_common.kube.client import DEPLOYMENTS, JOBS, SERVICES, KubeClient, KubeError, Object
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import ManifestError, Model, parse_resource
+from flexinfer_common.notes import EventType, Note
 from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.renderer")

@@ -16,13 +16,14 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-from flexinfer_actuator.domain.resources import EventType, Note, SpecVerdict, gpugroup_owners, gpugroup_spec, model_spec
+from flexinfer_actuator.domain.resources import SpecVerdict, gpugroup_owners, gpugroup_spec, model_spec
 from flexinfer_common import subjects
 from flexinfer_common.clock import Clock
 from flexinfer_common.kube.client import Object
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import SpecChange, SpecResync, message_id
+from flexinfer_common.notes import EventType, Note
 from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.specs")

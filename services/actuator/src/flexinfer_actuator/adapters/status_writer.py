@@ -24,7 +24,6 @@ from typing import Any
 
 from nats.js.api import DeliverPolicy
 
-from flexinfer_actuator.adapters.events import EventRecorder
 from flexinfer_actuator.adapters.spec_sync import ResourceKey, SpecErrors
 from flexinfer_actuator.domain.resources import (
     active_services_value,
@@ -39,6 +38,7 @@ from flexinfer_common.bus import BadMessage, Bus, Consumer, Delivery, decode_jso
 from flexinfer_common.clock import Clock
 from flexinfer_common.enums import SharedState
 from flexinfer_common.kube.client import GPUGROUPS, MODELS, SERVICES, KubeClient, KubeError, Object
+from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import GroupStatusUpdate, ModelStatus, ModelStatusUpdate, SwapEvent

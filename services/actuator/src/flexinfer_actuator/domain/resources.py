@@ -13,6 +13,8 @@ from typing import Any
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.manifests import GPUGroup, ManifestError, dump_resource, parse_resource
 from flexinfer_common.messages import GroupStatusUpdate, ModelRef, ModelStatus, SwapEvent
+from flexinfer_common.notes import EventType as EventType
+from flexinfer_common.notes import Note as Note
 
 Object = Mapping[str, Any]
 
@@ -235,23 +237,6 @@ def service_annotation_patch(service: Object, value: str) -> dict[str, Any] | No
 
 
 # ------------------------------------------------------------------------------------------ events
-
-
-class EventType(StrEnum):
-    NORMAL = "Normal"
-    WARNING = "Warning"
-
-
-@dataclass(frozen=True)
-class Note:
-    """An Event to record on a Model (or on another FlexInfer resource: ``kind``)."""
-
-    namespace: str
-    name: str
-    type: EventType
-    reason: str
-    message: str
-    kind: str = "Model"
 
 
 def _ref(text: str | None) -> tuple[str, str] | None:

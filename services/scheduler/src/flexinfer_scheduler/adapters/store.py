@@ -286,7 +286,7 @@ class Store:
     async def load_leases(self, now: datetime) -> dict[str, Lease]:
         async with self.sessions() as session:
             rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
-        return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at) for r in rows}
+        return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at, r.acquired_at) for r in rows}
 
     # ---- applying a plan ---------------------------------------------------------------------------------
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:

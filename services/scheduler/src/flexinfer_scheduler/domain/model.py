@@ -91,6 +91,7 @@ class Lease:
     group: str
     owner: str
     expires_at: datetime
+    acquired_at: datetime | None = None
 
     def is_active(self, now: datetime) -> bool:
         return now < self.expires_at

@@ -23,7 +23,7 @@ from flexinfer_scheduler.domain.election import (
     is_eligible,
     rank,
 )
-from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, Swap
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class GroupPlan:
     swap_updates: list[SwapUpdate] = field(default_factory=list)
     cooldown_remaining: timedelta = timedelta(0)
     drain_timeout: timedelta | None = None
+    lease: Lease | None = None  # the GPU lease this election honoured (published so the lease manager knows)
 
 
 _REASONS = {
@@ -267,6 +268,7 @@ def plan_group(
         swap_updates=_dedupe(swap_updates),
         cooldown_remaining=cooldown_remaining(_with_updates(snapshot, updates), now, params),
         drain_timeout=snapshot.v1alpha1.drain_timeout if snapshot.v1alpha1 is not None else None,
+        lease=snapshot.lease if lease_holder is not None else None,
     )
 
 
@@ -338,11 +340,13 @@ def _statuses(
         state = SharedState.QUEUED if m.key in positions else SharedState.PARKED
         preempted_by = m.preempted_by
         if lease_holder is not None:
-            phase, preempted_by, message = (
-                ModelPhase.PREEMPTED,
-                lease_holder,
-                f"parked while {lease_holder} holds the GPU",
-            )
+            # Preempted only once it is off the GPU: the lease manager reports a lease Held (and admits a training
+            # Job) when every member shows Preempted by the lease.
+            preempted_by = lease_holder
+            if m.parked:
+                phase, message = ModelPhase.PREEMPTED, f"parked while {lease_holder} holds the GPU"
+            else:
+                phase, message = ModelPhase.DRAINING, f"parking for {lease_holder}"
         elif m.failed_at is not None and not is_eligible(m):
             phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
             failure = message

@@ -1,4 +1,4 @@
-"""Kubernetes Events on Models, so ``kubectl describe model`` tells what FlexInfer did and why.
+"""Kubernetes Events on the resources a service acts on, so ``kubectl describe`` tells what FlexInfer did and why.
 
 As client-go's recorder does, an Event identical to one recorded in the last ten minutes is not created again:
 its ``count`` and ``lastTimestamp`` move instead. Recording never blocks the caller and never raises: an Event that
@@ -14,14 +14,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from flexinfer_actuator.domain.resources import Note
-from flexinfer_common.kube.client import EVENTS, MODELS, KubeClient, KubeError
+from flexinfer_common.kube.client import EVENTS, KubeClient, KubeError
 from flexinfer_common.kube.informer import Informer
 from flexinfer_common.logs import get_logger
+from flexinfer_common.notes import Note
 
-log = get_logger("flexinfer.actuator.events")
+log = get_logger("flexinfer.kube.events")
 
-COMPONENT = "flexinfer-actuator"
 _SERIES_WINDOW = 600.0
 _REMEMBERED = 1024
 _MAX_MESSAGE = 1024
@@ -40,11 +39,13 @@ class EventRecorder:
         *,
         informers: dict[str, Informer],
         instance: str,
+        component: str,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
-        self.informers = informers  # by kind: where an involved object's uid is found
+        self.informers = informers  # by kind: where an involved object's uid (and apiVersion) is found
         self.instance = instance
+        self.component = component
         self._monotonic = monotonic
         self._recent: OrderedDict[NoteKey, tuple[str, int, float]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -74,9 +75,12 @@ class EventRecorder:
                     self._remember(key, (name, count + 1, first))
                     return
                 informer = self.informers.get(note.kind)
-                obj = (informer.get(note.namespace, note.name) if informer else None) or {}
+                if informer is None:
+                    log.error("no informer for the kind of an event; dropped", extra={"kind": note.kind})
+                    return
+                obj = informer.get(note.namespace, note.name) or {}
                 involved = {
-                    "apiVersion": informer.resource.api_version if informer else MODELS.api_version,
+                    "apiVersion": informer.resource.api_version,
                     "kind": note.kind,
                     "namespace": note.namespace,
                     "name": note.name,
@@ -99,8 +103,8 @@ class EventRecorder:
                         "firstTimestamp": _time(now),
                         "lastTimestamp": _time(now),
                         "count": 1,
-                        "source": {"component": COMPONENT},
-                        "reportingComponent": COMPONENT,
+                        "source": {"component": self.component},
+                        "reportingComponent": self.component,
                         "reportingInstance": self.instance,
                     },
                 )
@@ -109,7 +113,11 @@ class EventRecorder:
                 self._recent.pop(key, None)
                 log.warning(
                     "could not record an event",
-                    extra={"model": f"{note.namespace}/{note.name}", "reason": note.reason, "error": str(exc)},
+                    extra={
+                        "object": f"{note.kind} {note.namespace}/{note.name}",
+                        "reason": note.reason,
+                        "error": str(exc),
+                    },
                 )
 
     def _remember(self, key: NoteKey, value: tuple[str, int, float]) -> None:

@@ -1,0 +1,21 @@
+{{/* The lease manager's rules on the resources it watches and writes (see rbac.yaml). */}}
+{{- define "flexinfer.leaseManagerRules" -}}
+- apiGroups: ["ai.flexinfer"]
+  resources: ["gpuleases"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["ai.flexinfer"]
+  resources: ["gpuleases/status"]
+  verbs: ["patch"]
+- apiGroups: ["ai.flexinfer"]
+  resources: ["modelcaches"]
+  verbs: ["list", "watch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

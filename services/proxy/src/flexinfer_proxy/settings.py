@@ -7,14 +7,29 @@ import socket
 import uuid
 from datetime import timedelta
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 
 from flexinfer_common.settings import CommonSettings, Duration
+from flexinfer_proxy.domain.requests import ApiKeys
 
 
 class ProxySettings(CommonSettings):
     proxy_max_request_body: int = Field(
-        64 * 1024 * 1024, ge=1024, description="Largest request body the proxy accepts, in bytes"
+        16 * 1024 * 1024, ge=1024, description="Largest request body the proxy accepts, in bytes (else 413)"
+    )
+    proxy_max_queued_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Bytes all waiting requests together may hold (their bodies); a request that would pass it "
+        "gets 429",
+    )
+    proxy_api_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated API keys: when set, /v1/* and /{namespace}/{model}/... need "
+        "Authorization: Bearer <key>",
+    )
+    proxy_workers: int = Field(
+        1, ge=1, le=64, description="Processes serving the port together (SO_REUSEPORT), each with its own queues"
     )
     proxy_upstream_connections: int = Field(
         1000, ge=1, description="Keep-alive connection pool size towards the models"
@@ -31,6 +46,21 @@ class ProxySettings(CommonSettings):
     proxy_shutdown_timeout: Duration = Field(
         timedelta(seconds=10), description="How long in-flight requests may run on after SIGTERM"
     )
+
+    @field_validator("proxy_api_keys", mode="before")
+    @classmethod
+    def _keys_given(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if isinstance(value, str) and not [k for k in value.split(",") if k.strip()]:
+            raise ValueError("no API key in the list (expected key1,key2,...)")
+        return value
+
+    def api_keys(self) -> ApiKeys | None:
+        """The data plane's API keys, or None when the data plane is open."""
+        if self.proxy_api_keys is None:
+            return None
+        return ApiKeys(k.strip() for k in self.proxy_api_keys.get_secret_value().split(",") if k.strip())
 
     def make_instance_id(self) -> str:
         """The id this proxy signs its demand with (``source``): FLEXINFER_INSTANCE_ID, else a new unique one

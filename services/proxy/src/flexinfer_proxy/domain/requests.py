@@ -6,6 +6,8 @@ The body is parsed once, only to find ``model``; the original bytes are what get
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,6 +45,44 @@ def model_of(body: bytes) -> str:
     if not isinstance(model, str) or not model.strip():
         raise invalid_request("the request body has no 'model' (a model name, namespace/name, or a service label)")
     return model.strip()
+
+
+def prefixed_target(raw_target: str) -> tuple[str, str, str] | None:
+    """``/ns/model/rest?q`` -> ``("ns", "model", "/rest?q")``, all still encoded as sent; None without a model."""
+    path, sep, query = raw_target.partition("?")
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[0] != "" or not parts[1] or not parts[2]:
+        return None
+    rest = "/" + parts[3] if len(parts) == 4 else "/"
+    return parts[1], parts[2], rest + sep + query
+
+
+class ApiKeys:
+    """The data plane's API keys (``FLEXINFER_PROXY_API_KEYS``), kept only as SHA-256 digests.
+
+    ``allows`` compares the digest of the presented key with every known one, all of them every time and each in
+    constant time (``hmac.compare_digest`` on equal-length digests), so neither a key's content nor its length nor
+    which key matched shows in the answer time.
+    """
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+        if not self._digests:
+            raise ValueError("no API keys given")
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._digests)} keys)"
+
+    def allows(self, authorization: bytes | None) -> bool:
+        """Whether an ``Authorization`` header value carries one of the keys as a bearer token."""
+        if authorization is None:
+            return False
+        scheme, _, token = authorization.strip().partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        matched = False
+        for known in self._digests:
+            matched |= hmac.compare_digest(digest, known)
+        return matched and scheme.lower() == b"bearer"
 
 
 def connection_tokens(connection_header: str | None) -> frozenset[str]:

@@ -1,0 +1,435 @@
+"""Forwarding one request to a model and relaying its answer to the client, driven by protocol callbacks.
+
+An ``Exchange`` joins a client request (``http_server.Request``) and a model connection (``http1``): it writes the
+request with only the changes HTTP requires of a proxy (hop-by-hop headers and those named in ``Connection`` dropped,
+``Host`` and the body framing set), and relays the answer as it arrives: status, reason and end-to-end headers
+unchanged, the body piece by piece (re-chunked when the model sent it chunked or until close), one write per packet
+from the model. No task, future or timer is made per request when a pooled connection is free; connecting is the
+only coroutine. Backpressure both ways: a client that cannot keep up pauses the reading from the model, a model
+that does not read an upload pauses the reading from the client.
+
+Failures:
+
+- The answer never started (connect refused, connection reset or closed first): the request is tried once more
+  when that is safe (``domain.requests.retry_safe``), else, and after a second failure, the exchange ends with 502
+  ``upstream_unavailable`` naming the reason. When connecting failed (nothing was sent) that 502 is a
+  ``NeverConnected``: the handler may queue the request again instead (``domain.admission.after_connect_failure``).
+- The answer started and then broke: too late for a status, so the client connection is closed with the answer's
+  framing unfinished, and the client sees a truncated answer, never a complete-looking one.
+- The client left: the model connection is closed, so the model can stop generating.
+
+``Forwarder`` owns the client pools and the per-model count of exchanges in flight (``in_flight``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from flexinfer_common.logs import get_logger
+from flexinfer_proxy.adapters.http1 import (
+    Header,
+    Http1Client,
+    Pool,
+    UpstreamConnection,
+    UpstreamConnectionError,
+    UpstreamStreamError,
+    request_head,
+)
+from flexinfer_proxy.adapters.http_server import Request, ServerConnection
+from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
+from flexinfer_proxy.domain.requests import Endpoint, forwardable_raw, parse_endpoint, raw_connection_tokens
+from flexinfer_proxy.domain.routes import ModelKey
+
+log = get_logger("flexinfer.proxy.upstream")
+
+#: Request headers the proxy sets itself (Host, the body framing) or handles itself (Expect: 100-continue).
+DROP_FROM_REQUEST = frozenset({b"host", b"content-length", b"expect"})
+#: ... and the client's credentials when they were the proxy's own API key.
+DROP_FROM_REQUEST_WITH_KEYS = DROP_FROM_REQUEST | {b"authorization"}
+#: Methods whose empty body goes without a Content-Length (as clients send them).
+_NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
+
+#: ``on_done(exchange, error)``: the exchange ended. ``error`` is None when an answer was relayed (whole, or cut
+#: after it began) or the client left (``exchange.client_left``); else nothing was answered and the caller answers
+#: ``error`` (a ``NeverConnected`` may be queued again instead).
+OnDone = Callable[["Exchange", ProxyError | None], None]
+OnSent = Callable[[], None]
+
+
+def end_to_end(headers: Sequence[Header], drop: frozenset[bytes]) -> list[Header]:
+    """``headers`` without hop-by-hop ones, those ``Connection`` names, and ``drop``."""
+    for name, value in headers:
+        if len(name) == 10 and name.lower() == b"connection":
+            drop = drop | raw_connection_tokens(value)
+    return forwardable_raw(headers, drop=drop)
+
+
+def response_head(
+    status: int, reason: bytes, headers: Sequence[Header], extra: Sequence[Header], *, chunked: bool, close: bool
+) -> bytes:
+    lines = [b"HTTP/1.1 %d %s" % (status, reason)]
+    for name, value in headers:
+        lines += (b"\r\n", name, b": ", value)
+    for name, value in extra:
+        lines += (b"\r\n", name, b": ", value)
+    if chunked:
+        lines.append(b"\r\nTransfer-Encoding: chunked")
+    if close:
+        lines.append(b"\r\nConnection: close")
+    lines.append(b"\r\n\r\n")
+    return b"".join(lines)
+
+
+class Forwarder:
+    """The client side of the proxy: model connection pools, endpoints, and the exchanges in flight per model.
+
+    ``start()`` inside the event loop, ``await close()`` at the end.
+    """
+
+    def __init__(self, *, connections: int, connect_timeout: float, keepalive_timeout: float = 4.0) -> None:
+        self._connections = connections
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive_timeout
+        self._client: Http1Client | None = None
+        self._endpoints: dict[str, Endpoint] = {}
+        self._in_flight: dict[ModelKey, int] = {}
+
+    def start(self) -> None:
+        if self._client is None:
+            self._client = Http1Client(
+                connections=self._connections,
+                connect_timeout=self._connect_timeout,
+                keepalive_timeout=self._keepalive,
+            )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        self._client = None
+
+    def in_flight(self) -> dict[ModelKey, int]:
+        """Requests being forwarded right now, per model (models with none are left out).
+
+        Counted from the moment forwarding starts (connecting included) until the exchange ends: answered, failed,
+        or its client left. This is what a drain waits for before a model may be parked.
+        """
+        return {key: count for key, count in self._in_flight.items() if count}
+
+    def endpoint(self, url: str) -> Endpoint:
+        """A route's endpoint taken apart (cached); ValueError when it is not a plain ``http://`` URL."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is None:
+            if len(self._endpoints) > 4096:  # endpoints change with every load: keep the cache small
+                self._endpoints.clear()
+            endpoint = self._endpoints[url] = parse_endpoint(url)
+        return endpoint
+
+    def exchange(
+        self,
+        request: Request,
+        *,
+        key: ModelKey,
+        endpoint: Endpoint,
+        target: bytes,
+        body: bytes | None,
+        retry: bool,
+        drop: frozenset[bytes],
+        on_done: OnDone,
+        extra_headers: Sequence[Header] = (),
+        on_sent: OnSent | None = None,
+    ) -> Exchange:
+        """Start forwarding ``request`` (with ``body`` when the proxy holds it, else its body streams) to
+        ``endpoint`` + ``target``; ``on_done`` is called once when it ends. ``on_sent`` runs once the request
+        head went out (or the attempt failed before that)."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("Forwarder.start() was not called")
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        exchange = Exchange(
+            self,
+            client,
+            client.pool(endpoint.host, endpoint.port),
+            request,
+            key=key,
+            target=endpoint.base_path.encode() + target if endpoint.base_path else target,
+            body=body,
+            retry=retry,
+            headers=end_to_end(request.headers, drop),
+            extra_headers=extra_headers,
+            on_sent=on_sent,
+            on_done=on_done,
+        )
+        exchange.attempt()
+        return exchange
+
+    def _ended(self, key: ModelKey) -> None:
+        count = self._in_flight.get(key, 1) - 1
+        if count:
+            self._in_flight[key] = count
+        else:
+            del self._in_flight[key]
+
+
+class Exchange:
+    """One request forwarded to a model and its answer relayed to the client (see the module docstring)."""
+
+    __slots__ = (
+        "_client",
+        "_connecting",
+        "_forwarder",
+        "_on_done",
+        "_on_sent",
+        "_out",
+        "_pool",
+        "attempts_left",
+        "body",
+        "chunked_out",
+        "client_left",
+        "close_after",
+        "conn",
+        "done",
+        "extra_headers",
+        "headers",
+        "key",
+        "request",
+        "server",
+        "status",
+        "streamed",
+        "target",
+        "upload_done",
+    )
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        client: Http1Client,
+        pool: Pool,
+        request: Request,
+        *,
+        key: ModelKey,
+        target: bytes,
+        body: bytes | None,
+        retry: bool,
+        headers: list[Header],
+        extra_headers: Sequence[Header],
+        on_sent: OnSent | None,
+        on_done: OnDone,
+    ) -> None:
+        self._forwarder = forwarder
+        self._client = client
+        self._pool = pool
+        self.request = request
+        self.server: ServerConnection = request.conn
+        self.key = key
+        self.target = target
+        self.body = body
+        self.streamed = body is None and request.has_body
+        self.upload_done = not self.streamed
+        self.attempts_left = 2 if retry and not self.streamed else 1  # a stream cannot be sent twice
+        self.headers = headers
+        self.extra_headers = extra_headers
+        self._on_sent = on_sent
+        self._on_done = on_done
+        self._connecting: asyncio.Task[None] | None = None
+        self._out: list[bytes] = []
+        self.conn: UpstreamConnection | None = None
+        self.status = 0
+        self.chunked_out = False
+        self.close_after = False
+        self.done = False
+        self.client_left = False
+        request.on_gone = self.client_gone
+        request.on_pause = self.client_paused
+
+    # --- sending ---
+
+    def attempt(self) -> None:
+        conn = self._pool.take()
+        if conn is not None:
+            self._send(conn)
+        else:
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        try:
+            conn = await self._client.connect(self._pool)
+        except UpstreamConnectionError as exc:
+            self._connecting = None
+            self.upstream_failed(exc)
+            return
+        self._connecting = None
+        if self.done:  # the client left meanwhile: the fresh connection is idle, keep it
+            conn.release()
+            return
+        self._send(conn)
+
+    def _send(self, conn: UpstreamConnection) -> None:
+        self.conn = conn
+        request = self.request
+        method = request.method
+        conn.begin(self, head_only=method == b"HEAD")
+        body = self.body
+        if body is not None:
+            length = len(body) if body or method not in _NO_BODY_METHODS else None
+            chunked = False
+        else:
+            length = request.content_length if self.streamed else None
+            chunked = self.streamed and request.chunked
+        pieces = request_head(
+            method, self.target, self._pool.host_header, self.headers, content_length=length, chunked=chunked
+        )
+        if body:
+            pieces.append(body)
+        conn.write(b"".join(pieces))
+        self._sent()
+        if self.server.writing_paused:
+            conn.pause_reading()
+        if self.streamed:
+            request.attach(self)
+
+    def _sent(self) -> None:
+        on_sent = self._on_sent
+        if on_sent is not None:
+            self._on_sent = None
+            on_sent()
+
+    # --- the streamed upload (BodySink) ---
+
+    def body_piece(self, data: bytes) -> None:
+        conn = self.conn
+        if conn is None or self.done:
+            return
+        conn.write(b"%x\r\n%s\r\n" % (len(data), data) if self.request.chunked else data)
+        if not conn.writable:
+            self.server.pause_reading()
+
+    def body_end(self) -> None:
+        conn = self.conn
+        if conn is None or self.done:
+            return
+        if self.request.chunked:
+            conn.write(b"0\r\n\r\n")
+        self.upload_done = True
+
+    def upstream_writable(self, writable: bool) -> None:
+        if self.streamed and not self.upload_done:
+            if writable:
+                self.server.resume_reading()
+            else:
+                self.server.pause_reading()
+
+    # --- the answer (AnswerSink) ---
+
+    def answer_head(self, status: int, reason: bytes, headers: list[Header], *, sized: bool) -> None:
+        self.status = status
+        request = self.request
+        chunked = not sized and request.version == "1.1"
+        # An unsized answer to an HTTP/1.0 client ends when the connection closes.
+        close = self.server.will_close(request) or not (sized or chunked)
+        self.chunked_out = chunked
+        self.close_after = close
+        self._out.append(
+            response_head(
+                status,
+                reason,
+                end_to_end(headers, frozenset()),
+                self.extra_headers,
+                chunked=chunked,
+                close=close,
+            )
+        )
+        request.answering = True
+
+    def answer_body(self, data: bytes) -> None:
+        if self.chunked_out:
+            self._out += (b"%x\r\n" % len(data), data, b"\r\n")
+        else:
+            self._out.append(data)
+
+    def answer_flush(self, *, complete: bool) -> None:
+        if self.done:
+            return
+        out = self._out
+        if complete and self.chunked_out:
+            out.append(b"0\r\n\r\n")
+        if out:
+            self.server.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+        if complete:
+            conn = self.conn
+            self.conn = None
+            if conn is not None:
+                conn.release(request_sent=self.upload_done)
+            if self.close_after:
+                self.request.keep_alive = False
+            self._end(None)
+
+    def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
+        if self.done:
+            return
+        self.conn = None
+        request = self.request
+        if request.answering:
+            # Too late for a status: what arrived goes out, then the client's connection closes with the answer's
+            # framing unfinished, so it cannot take the cut answer for a complete one.
+            log.warning("model stream broke mid-response", extra={"model": str(self.key), "error": str(error)})
+            out = self._out
+            if out:
+                self.server.write(b"".join(out))
+                out.clear()
+            request.keep_alive = False
+            self._end(None)
+            return
+        self._out.clear()
+        model = str(self.key)
+        if isinstance(error, UpstreamConnectionError):
+            self.attempts_left -= 1
+            if self.attempts_left > 0:
+                log.debug("retrying after a connection error", extra={"model": model, "error": str(error)})
+                self.attempt()
+                return
+            failure: ProxyError = (
+                upstream_never_connected(model, str(error))
+                if error.never_connected
+                else upstream_unavailable(model, str(error))
+            )
+        else:
+            failure = upstream_unavailable(model, str(error))
+        self._sent()
+        self._end(failure)
+
+    # --- the client ---
+
+    def client_gone(self) -> None:
+        """The client left (or its request was cut short): stop the model's work too."""
+        if self.done:
+            return
+        self.client_left = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
+        conn = self.conn
+        self.conn = None
+        if conn is not None:
+            conn.abandon()
+        self._sent()
+        self._end(None)
+
+    def client_paused(self, paused: bool) -> None:
+        conn = self.conn
+        if conn is not None:
+            if paused:
+                conn.pause_reading()
+            else:
+                conn.resume_reading()
+
+    def _end(self, error: ProxyError | None) -> None:
+        self.done = True
+        request = self.request
+        if request.sink is self:
+            request.detach()
+        request.on_gone = None
+        request.on_pause = None
+        self._forwarder._ended(self.key)
+        self._on_done(self, error)

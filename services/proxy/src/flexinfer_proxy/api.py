@@ -36,13 +36,13 @@ import httptools
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_common.metrics import PROXY_COLD_STARTS
-from flexinfer_proxy.adapters.forwarding import DROP_FROM_REQUEST, DROP_FROM_REQUEST_WITH_KEYS, Exchange, Forwarder
+from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
-from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure
+from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target, retry_safe
-from flexinfer_proxy.domain.routes import ModelKey, Resolved, RouteTable
+from flexinfer_proxy.domain.routes import ModelKey, RouteTable
 from flexinfer_proxy.queues import ModelQueues, Slot
 from flexinfer_proxy.tally import RequestTally, render_metrics
 
@@ -90,11 +90,12 @@ class ProxyHandler:
         self._retry_after = retry_after
         self._admin_token = admin_token.encode() if admin_token else None
         self._api_keys = api_keys
-        self._drop = DROP_FROM_REQUEST_WITH_KEYS if api_keys is not None else DROP_FROM_REQUEST
         self._queued_bytes_max = queued_bytes_max
         self._suspect_for = suspect_for
         self._monotonic = monotonic
         self._tasks: set[asyncio.Task[None]] = set()
+        self._resolved: dict[str, tuple[ModelKey, Route, Endpoint | None]] = {}
+        self._resolved_at = -1
         self.shutting_down = False
 
     # --- the server's two calls ---
@@ -102,7 +103,13 @@ class ProxyHandler:
     def head(self, request: Request) -> bool:
         """Dispatch on the path once the head is complete; False: a ``/v1`` POST whose body comes to ``request``."""
         try:
-            return self._dispatch(request)
+            target = request.url = _origin_target(request.url)
+            if target[:4] == b"/v1/" and b"%" not in target:
+                if self._api_keys is not None and not self._api_keys.allows(request.authorization):
+                    raise errors.invalid_api_key()
+                if request.method == b"POST" and target[:10] != b"/v1/models":
+                    return False  # the body is collected, then ``request``
+            return self._dispatch(request, target)
         except ProxyError as error:
             request.conn.respond_error(request, error)
         except Exception:
@@ -116,28 +123,45 @@ class ProxyHandler:
         try:
             body = request.body
             model = model_of(body)
+            target = request.url
             if not self._loaded.is_set():
-                self._wait(request, self._serve_when_loaded(request, model, _origin_target(request.url), body))
+                self._wait(request, self._serve_when_loaded(request, model, target, body))
                 return
-            resolved = self._routes.resolve(model, default_namespace=self._namespace)
-            key = resolved.key
-            self._serve(request, resolved, _origin_target(request.url), body)
+            key, route, endpoint = self._resolve(model)
+            if forward_now(route, self._queues.length(key)):
+                self._forward_now(request, key, route, endpoint, target, body)
+            else:
+                self._serve(request, key, route, target, body)
         except ProxyError as error:
             self._answer_error(request, key, error)
         except Exception:
             log.exception("request failed", extra={"path": request.url.decode("latin-1", "replace")[:200]})
             self._answer_error(request, key, errors.internal_error())
 
+    def _resolve(self, model: str) -> tuple[ModelKey, Route, Endpoint | None]:
+        """The model a request names, its route, and where a Ready one listens; cached until the table changes."""
+        routes = self._routes
+        if routes.version != self._resolved_at:
+            self._resolved.clear()
+            self._resolved_at = routes.version
+        hit = self._resolved.get(model)
+        if hit is None:
+            resolved = routes.resolve(model, default_namespace=self._namespace)
+            endpoint = self._endpoint(resolved.key, resolved.route) if resolved.route.ready else None
+            hit = (resolved.key, resolved.route, endpoint)
+            if len(self._resolved) < 4096:
+                self._resolved[model] = hit
+        return hit
+
     # --- dispatch ---
 
-    def _dispatch(self, request: Request) -> bool:
-        target = _origin_target(request.url)
+    def _dispatch(self, request: Request, target: bytes) -> bool:
         raw_path = target.partition(b"?")[0]
         path = unquote(raw_path.decode("utf-8", "replace")) if b"%" in raw_path else raw_path.decode("latin-1")
         method = request.method
         conn = request.conn
         if path.startswith("/v1/"):
-            self._check_api_key(request)
+            self._check_api_key(request)  # (again, for a path that was encoded)
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 if method != b"GET":
                     raise errors.method_not_allowed(method.decode(), path)
@@ -182,16 +206,18 @@ class ProxyHandler:
         if not self._loaded.is_set():
             self._wait(request, self._serve_when_loaded(request, model, rest, None))
             return True
-        resolved = self._routes.resolve(model, default_namespace=self._namespace)
+        key, route, endpoint = self._resolve(model)
         try:
-            self._serve(request, resolved, rest, None)
+            if forward_now(route, self._queues.length(key)):
+                self._forward_now(request, key, route, endpoint, rest, None)
+            else:
+                self._serve(request, key, route, rest, None)
         except ProxyError as error:
-            self._answer_error(request, resolved.key, error)
+            self._answer_error(request, key, error)
         return True
 
-    def _serve(self, request: Request, resolved: Resolved, target: bytes, body: bytes | None) -> None:
-        """Forward now (the fast path), or wait in the model's queue; raise ProxyError for a refusal."""
-        key, route = resolved.key, resolved.route
+    def _serve(self, request: Request, key: ModelKey, route: Route, target: bytes, body: bytes | None) -> None:
+        """Admit a request that cannot simply be forwarded: queue it, or raise ProxyError for a refusal."""
         decision = admit(
             route=route,
             queued=self._queues.length(key),
@@ -202,7 +228,7 @@ class ProxyHandler:
             queued_bytes_max=self._queued_bytes_max,
         )
         if decision is Admission.FORWARD:
-            self._forward_now(request, key, route, target, body)
+            self._forward_now(request, key, route, self._endpoint(key, route), target, body)
         elif decision is Admission.QUEUE:
             self._wait(request, self._wait_and_forward(request, key, target, body))
         elif decision is Admission.QUEUE_FULL:
@@ -214,7 +240,15 @@ class ProxyHandler:
 
     # --- the fast path ---
 
-    def _forward_now(self, request: Request, key: ModelKey, route: Route, target: bytes, body: bytes | None) -> None:
+    def _forward_now(
+        self,
+        request: Request,
+        key: ModelKey,
+        route: Route,
+        endpoint: Endpoint | None,
+        target: bytes,
+        body: bytes | None,
+    ) -> None:
         def done(exchange: Exchange, error: ProxyError | None) -> None:
             if error is None:
                 if not exchange.client_left:
@@ -227,13 +261,13 @@ class ProxyHandler:
 
         self._forwarder.exchange(
             request,
-            key=key,
-            endpoint=self._endpoint(key, route),
-            target=target,
-            body=body,
-            retry=self._retry_safe(request, target, body),
-            drop=self._drop,
-            on_done=done,
+            key,
+            endpoint or self._endpoint(key, route),
+            target,
+            body,
+            self._retry_safe(request, target, body),
+            done,
+            strip_authorization=self._api_keys is not None,
         )
 
     def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
@@ -275,9 +309,11 @@ class ProxyHandler:
         key: ModelKey | None = None
         try:
             await self._wait_for_routes()
-            resolved = self._routes.resolve(model, default_namespace=self._namespace)
-            key = resolved.key
-            self._serve(request, resolved, target, body)
+            key, route, endpoint = self._resolve(model)
+            if forward_now(route, self._queues.length(key)):
+                self._forward_now(request, key, route, endpoint, target, body)
+            else:
+                self._serve(request, key, route, target, body)
         except ProxyError as error:
             self._answer_error(request, key, error)
 
@@ -345,13 +381,13 @@ class ProxyHandler:
 
         exchange = self._forwarder.exchange(
             request,
-            key=key,
-            endpoint=self._endpoint(key, route),
-            target=target,
-            body=body,
-            retry=self._retry_safe(request, target, body),
-            drop=self._drop,
-            on_done=done,
+            key,
+            self._endpoint(key, route),
+            target,
+            body,
+            self._retry_safe(request, target, body),
+            done,
+            strip_authorization=self._api_keys is not None,
             # A server woken from sleep was not started: the wait was short, and not a cold start.
             extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms).encode()),)
             if route.woken
@@ -438,13 +474,13 @@ class ProxyHandler:
 
     def _check_api_key(self, request: Request) -> None:
         keys = self._api_keys
-        if keys is not None and not keys.allows(request.header(b"authorization")):
+        if keys is not None and not keys.allows(request.authorization):
             raise errors.invalid_api_key()
 
     def _authorize(self, request: Request) -> None:
         if self._admin_token is None:
             return
-        scheme, _, given = (request.header(b"authorization") or b"").partition(b" ")
+        scheme, _, given = (request.authorization or b"").partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self._admin_token):
             raise errors.unauthorized()
 

@@ -2,9 +2,10 @@
 
 An ``Exchange`` joins a client request (``http_server.Request``) and a model connection (``http1``): it writes the
 request with only the changes HTTP requires of a proxy (hop-by-hop headers and those named in ``Connection`` dropped,
-``Host`` and the body framing set), and relays the answer as it arrives: status, reason and end-to-end headers
-unchanged, the body piece by piece (re-chunked when the model sent it chunked or until close), one write per packet
-from the model. No task, future or timer is made per request when a pooled connection is free; connecting is the
+``Host`` and the body framing set), and relays the answer's bytes as they arrive, one write per packet from the
+model: the head as the model sent it less its hop-by-hop fields, the body with its framing unchanged (only an
+HTTP/1.0 client gets a chunked body de-chunked; a body that ends when the model closes ends the client's connection
+too). No task, future or timer is made per request when a pooled connection is free; connecting is the
 only coroutine. Backpressure both ways: a client that cannot keep up pauses the reading from the model, a model
 that does not read an upload pauses the reading from the client.
 
@@ -24,10 +25,12 @@ Failures:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 
 from flexinfer_common.logs import get_logger
 from flexinfer_proxy.adapters.http1 import (
+    Framing,
     Header,
     Http1Client,
     Pool,
@@ -38,15 +41,11 @@ from flexinfer_proxy.adapters.http1 import (
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
-from flexinfer_proxy.domain.requests import Endpoint, forwardable_raw, parse_endpoint, raw_connection_tokens
+from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, raw_connection_tokens
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
 
-#: Request headers the proxy sets itself (Host, the body framing) or handles itself (Expect: 100-continue).
-DROP_FROM_REQUEST = frozenset({b"host", b"content-length", b"expect"})
-#: ... and the client's credentials when they were the proxy's own API key.
-DROP_FROM_REQUEST_WITH_KEYS = DROP_FROM_REQUEST | {b"authorization"}
 #: Methods whose empty body goes without a Content-Length (as clients send them).
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
 
@@ -56,28 +55,38 @@ _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
 OnDone = Callable[["Exchange", ProxyError | None], None]
 OnSent = Callable[[], None]
 
+# Hop-by-hop fields of an answer (RFC 9110 section 7.6.1), as whole lines of the head as received (llhttp refused
+# anything but CRLF line endings and plain ``name:`` fields, so a line match is a field match). Transfer-Encoding
+# stays when the body is relayed with its chunk framing.
+_HOP_FIELDS = rb"connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade"
+_HOP_LINES = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"):[^\r]*", re.IGNORECASE)
+_HOP_LINES_AND_FRAMING = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"|transfer-encoding):[^\r]*", re.IGNORECASE)
+_CONNECTION_VALUES = re.compile(rb"\r\nconnection:([^\r]*)", re.IGNORECASE)
+_ALWAYS_HOP = frozenset({b"keep-alive", b"close"})
 
-def end_to_end(headers: Sequence[Header], drop: frozenset[bytes]) -> list[Header]:
-    """``headers`` without hop-by-hop ones, those ``Connection`` names, and ``drop``."""
-    for name, value in headers:
-        if len(name) == 10 and name.lower() == b"connection":
-            drop = drop | raw_connection_tokens(value)
-    return forwardable_raw(headers, drop=drop)
 
-
-def response_head(
-    status: int, reason: bytes, headers: Sequence[Header], extra: Sequence[Header], *, chunked: bool, close: bool
-) -> bytes:
-    lines = [b"HTTP/1.1 %d %s" % (status, reason)]
-    for name, value in headers:
-        lines += (b"\r\n", name, b": ", value)
+def relayed_head(head: bytes, extra: Sequence[Header], *, keep_framing: bool, close: bool) -> bytes:
+    """The model's answer head as the client gets it: hop-by-hop fields (and those named in ``Connection``)
+    removed, ``extra`` fields added, ``Connection: close`` when the client's connection ends with it."""
+    pattern = _HOP_LINES if keep_framing else _HOP_LINES_AND_FRAMING
+    stripped, removed = pattern.subn(b"", head)
+    if removed:
+        listed: set[bytes] = set()
+        for value in _CONNECTION_VALUES.findall(head):
+            if value.strip().lower() not in _ALWAYS_HOP:  # (the usual ``Connection: keep-alive`` names nothing)
+                listed |= raw_connection_tokens(value)
+        listed -= _ALWAYS_HOP
+        if listed:
+            names = b"|".join(re.escape(name) for name in sorted(listed))
+            stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
+    if not extra and not close:
+        return stripped
+    lines = [stripped[:-2]]
     for name, value in extra:
-        lines += (b"\r\n", name, b": ", value)
-    if chunked:
-        lines.append(b"\r\nTransfer-Encoding: chunked")
+        lines += (name, b": ", value, b"\r\n")
     if close:
-        lines.append(b"\r\nConnection: close")
-    lines.append(b"\r\n\r\n")
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
     return b"".join(lines)
 
 
@@ -128,39 +137,46 @@ class Forwarder:
     def exchange(
         self,
         request: Request,
-        *,
         key: ModelKey,
         endpoint: Endpoint,
         target: bytes,
         body: bytes | None,
         retry: bool,
-        drop: frozenset[bytes],
         on_done: OnDone,
+        *,
+        strip_authorization: bool = False,
         extra_headers: Sequence[Header] = (),
         on_sent: OnSent | None = None,
     ) -> Exchange:
         """Start forwarding ``request`` (with ``body`` when the proxy holds it, else its body streams) to
         ``endpoint`` + ``target``; ``on_done`` is called once when it ends. ``on_sent`` runs once the request
-        head went out (or the attempt failed before that)."""
+        head went out (or the attempt failed before that). ``strip_authorization``: the client's credentials were
+        the proxy's own API key, not the model's to see."""
         client = self._client
         if client is None:
             raise RuntimeError("Forwarder.start() was not called")
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        headers = request.headers
+        if strip_authorization and request.authorization is not None:
+            headers = [h for h in headers if h[0].lower() != b"authorization"]
         exchange = Exchange(
             self,
-            client,
             client.pool(endpoint.host, endpoint.port),
             request,
-            key=key,
-            target=endpoint.base_path.encode() + target if endpoint.base_path else target,
-            body=body,
-            retry=retry,
-            headers=end_to_end(request.headers, drop),
-            extra_headers=extra_headers,
-            on_sent=on_sent,
-            on_done=on_done,
+            key,
+            endpoint.base_path.encode() + target if endpoint.base_path else target,
+            body,
+            retry,
+            headers,
+            extra_headers,
+            on_sent,
+            on_done,
         )
-        exchange.attempt()
+        conn = exchange._pool.take()
+        if conn is not None:
+            exchange._send(conn)
+        else:
+            exchange.attempt()
         return exchange
 
     def _ended(self, key: ModelKey) -> None:
@@ -175,16 +191,15 @@ class Exchange:
     """One request forwarded to a model and its answer relayed to the client (see the module docstring)."""
 
     __slots__ = (
-        "_client",
         "_connecting",
         "_forwarder",
+        "_head",
         "_on_done",
         "_on_sent",
         "_out",
         "_pool",
         "attempts_left",
         "body",
-        "chunked_out",
         "client_left",
         "close_after",
         "conn",
@@ -203,10 +218,8 @@ class Exchange:
     def __init__(
         self,
         forwarder: Forwarder,
-        client: Http1Client,
         pool: Pool,
         request: Request,
-        *,
         key: ModelKey,
         target: bytes,
         body: bytes | None,
@@ -217,25 +230,24 @@ class Exchange:
         on_done: OnDone,
     ) -> None:
         self._forwarder = forwarder
-        self._client = client
         self._pool = pool
         self.request = request
         self.server: ServerConnection = request.conn
         self.key = key
         self.target = target
         self.body = body
-        self.streamed = body is None and request.has_body
-        self.upload_done = not self.streamed
-        self.attempts_left = 2 if retry and not self.streamed else 1  # a stream cannot be sent twice
+        self.streamed = streamed = body is None and request.has_body
+        self.upload_done = not streamed
+        self.attempts_left = 2 if retry and not streamed else 1  # a stream cannot be sent twice
         self.headers = headers
         self.extra_headers = extra_headers
         self._on_sent = on_sent
         self._on_done = on_done
         self._connecting: asyncio.Task[None] | None = None
+        self._head: bytes | None = None
         self._out: list[bytes] = []
         self.conn: UpstreamConnection | None = None
         self.status = 0
-        self.chunked_out = False
         self.close_after = False
         self.done = False
         self.client_left = False
@@ -253,7 +265,7 @@ class Exchange:
 
     async def _connect(self) -> None:
         try:
-            conn = await self._client.connect(self._pool)
+            conn = await self._pool.client.connect(self._pool)
         except UpstreamConnectionError as exc:
             self._connecting = None
             self.upstream_failed(exc)
@@ -282,7 +294,8 @@ class Exchange:
         if body:
             pieces.append(body)
         conn.write(b"".join(pieces))
-        self._sent()
+        if self._on_sent is not None:
+            self._sent()
         if self.server.writing_paused:
             conn.pause_reading()
         if self.streamed:
@@ -321,41 +334,35 @@ class Exchange:
 
     # --- the answer (AnswerSink) ---
 
-    def answer_head(self, status: int, reason: bytes, headers: list[Header], *, sized: bool) -> None:
+    def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
         self.status = status
         request = self.request
-        chunked = not sized and request.version == "1.1"
-        # An unsized answer to an HTTP/1.0 client ends when the connection closes.
-        close = self.server.will_close(request) or not (sized or chunked)
-        self.chunked_out = chunked
+        close = self.server.will_close(request)
+        dechunk = False
+        if framing is Framing.UNTIL_CLOSE:
+            close = True  # the client, too, learns where the body ends from the connection closing
+        elif framing is Framing.CHUNKED and request.version != "1.1":
+            dechunk = close = True  # an HTTP/1.0 client does not read chunked framing
         self.close_after = close
-        self._out.append(
-            response_head(
-                status,
-                reason,
-                end_to_end(headers, frozenset()),
-                self.extra_headers,
-                chunked=chunked,
-                close=close,
-            )
-        )
-        request.answering = True
+        self._head = relayed_head(head, self.extra_headers, keep_framing=not dechunk, close=close)
+        return dechunk
 
     def answer_body(self, data: bytes) -> None:
-        if self.chunked_out:
-            self._out += (b"%x\r\n" % len(data), data, b"\r\n")
-        else:
-            self._out.append(data)
+        self._out.append(data)
 
-    def answer_flush(self, *, complete: bool) -> None:
+    def answer_flush(self, data: bytes, *, complete: bool) -> None:
         if self.done:
             return
-        out = self._out
-        if complete and self.chunked_out:
-            out.append(b"0\r\n\r\n")
-        if out:
-            self.server.write(out[0] if len(out) == 1 else b"".join(out))
-            out.clear()
+        head = self._head
+        if head is not None:  # the head goes out with the first body bytes, in one write
+            self._head = None
+            self.request.answering = True
+            data = head + data if data else head
+        if self._out:
+            data += b"".join(self._out)
+            self._out.clear()
+        if data:
+            self.server.write(data)
         if complete:
             conn = self.conn
             self.conn = None
@@ -370,18 +377,15 @@ class Exchange:
             return
         self.conn = None
         request = self.request
+        self._head = None
+        self._out.clear()
         if request.answering:
-            # Too late for a status: what arrived goes out, then the client's connection closes with the answer's
-            # framing unfinished, so it cannot take the cut answer for a complete one.
+            # Too late for a status: the client's connection closes with the answer's framing unfinished, so it
+            # cannot take the cut answer for a complete one.
             log.warning("model stream broke mid-response", extra={"model": str(self.key), "error": str(error)})
-            out = self._out
-            if out:
-                self.server.write(b"".join(out))
-                out.clear()
             request.keep_alive = False
             self._end(None)
             return
-        self._out.clear()
         model = str(self.key)
         if isinstance(error, UpstreamConnectionError):
             self.attempts_left -= 1

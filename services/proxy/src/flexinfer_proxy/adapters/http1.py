@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import time
 from collections.abc import Sequence
+from enum import IntEnum
 from typing import Protocol, cast
 
 import httptools
@@ -49,18 +51,44 @@ class UpstreamStreamError(ConnectionError):
     """The answer started, then the connection broke (or the answer was malformed) before it ended."""
 
 
+class Framing(IntEnum):
+    """How an answer's body is delimited."""
+
+    NONE = 0  # no body: HEAD, 204, 304
+    SIZED = 1  # Content-Length
+    CHUNKED = 2
+    UNTIL_CLOSE = 3  # neither: the body ends when the model closes the connection
+
+
+#: ``Transfer-Encoding`` ending in ``chunked`` (on a lower-cased head; llhttp checked the rest of the syntax).
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
+
+
+def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
+    """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
+    if head_only or status in (204, 304):
+        return Framing.NONE
+    lower = head.lower()
+    if b"\r\ntransfer-encoding:" in lower:
+        return Framing.CHUNKED if _CHUNKED.search(lower) else Framing.UNTIL_CLOSE
+    if b"\r\ncontent-length:" in lower:
+        return Framing.SIZED
+    return Framing.UNTIL_CLOSE
+
+
 class AnswerSink(Protocol):
     """What a connection pushes the answer to (the forwarding exchange). Called from protocol callbacks only."""
 
-    def answer_head(self, status: int, reason: bytes, headers: list[Header], *, sized: bool) -> None:
-        """The final head arrived. ``sized``: its length is known (Content-Length, or an answer without a body);
-        else the body comes chunked or until the model closes the connection."""
+    def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
+        """The final head arrived, as the model sent it (status line to the blank line). Return True to get the body
+        de-chunked through ``answer_body`` instead of as the bytes that came (``answer_flush``)."""
 
     def answer_body(self, data: bytes) -> None:
-        """A piece of the body (de-chunked)."""
+        """A piece of the de-chunked body (only when ``answer_head`` asked for it)."""
 
-    def answer_flush(self, *, complete: bool) -> None:
-        """End of one packet's worth of callbacks; ``complete``: the answer ended with it."""
+    def answer_flush(self, data: bytes, *, complete: bool) -> None:
+        """The bytes of one packet that follow the head, as they came (chunk framing included); ``complete``: the
+        answer ended with them."""
 
     def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
         """The connection failed: before the head (``UpstreamConnectionError``) or after it."""
@@ -70,7 +98,11 @@ class AnswerSink(Protocol):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """One keep-alive connection to a model, and the answer currently being read on it."""
+    """One keep-alive connection to a model, and the answer currently being read on it.
+
+    The parser (strict llhttp) checks the answer and finds where it ends; the head is handed over as the bytes that
+    came (llhttp refused anything but CRLF line endings, so the first empty line ends it), and so is the body.
+    """
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -84,12 +116,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writable = True
         self.status = 0
-        self.reason = b""
-        self.headers: list[Header] = []
-        self.delimited = False  # Content-Length or chunked: the end is known (else the answer ends at EOF)
-        self.sized = False  # Content-Length
+        self.buffer = b""  # the answer's bytes until its head is complete
+        self.body_at = 0  # where the body starts in ``buffer`` (in the packet that completed the head)
+        self.interim = 0  # 1xx heads before the final one
         self.head_done = False
         self.head_only = False  # a HEAD request: the answer ends with its head
+        self.dechunk = False
+        self.framing = Framing.NONE
         self.complete = False
         self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
@@ -98,12 +131,12 @@ class UpstreamConnection(asyncio.Protocol):
         """Start reading a new answer for ``sink`` (the request is written next by the caller)."""
         self.sink = sink
         self.status = 0
-        self.reason = b""
-        self.headers = []
-        self.delimited = False
-        self.sized = False
+        self.buffer = b""
+        self.interim = 0
         self.head_done = False
         self.head_only = head_only
+        self.dechunk = False
+        self.framing = Framing.NONE
         self.complete = False
         self.keep_alive = False
 
@@ -118,6 +151,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.spoiled = True
             self.close()
             return
+        started = self.head_done
+        if not started:
+            self.buffer = data = self.buffer + data if self.buffer else data
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -125,8 +161,16 @@ class UpstreamConnection(asyncio.Protocol):
             if self.sink is sink:
                 self._fail(UpstreamStreamError(f"malformed answer from the model: {exc}"))
             return
-        if self.head_done and self.sink is sink:
-            sink.answer_flush(complete=self.complete)
+        if self.sink is not sink or not self.head_done:
+            return
+        if self.spoiled:  # a second answer to one request: this packet cannot be relayed as it is
+            self.close()
+            self._fail(UpstreamStreamError("the model sent more than one answer to a request"))
+            return
+        if not started:
+            data = data[self.body_at :]
+            self.buffer = b""
+        sink.answer_flush(b"" if self.dechunk or self.head_only else data, complete=self.complete)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -134,9 +178,10 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self.sink
         if sink is None or self.complete:
             return
-        if self.head_done and not self.delimited and exc is None:
-            self.complete = True  # an answer without a length ends when the model closes the connection
-            sink.answer_flush(complete=True)
+        if self.head_done and exc is None and self.framing is Framing.UNTIL_CLOSE:
+            # An answer without a length ends when the model closes the connection (llhttp says it may).
+            self.complete = True
+            sink.answer_flush(b"", complete=True)
             return
         reason = f"{type(exc).__name__}: {exc}" if exc else "the model closed the connection"
         self._fail(
@@ -156,43 +201,35 @@ class UpstreamConnection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
-        if self.complete:
+        if self.head_done:
             self.spoiled = True  # a second answer to one request
-
-    def on_status(self, status: bytes) -> None:
-        self.reason += status
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) in (14, 17):
-            lower = name.lower()
-            if lower == b"content-length":
-                self.delimited = self.sized = True
-            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
-                self.delimited = True
-        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if 100 <= status < 200:  # an interim answer (the proxy never sends Expect): wait for the final one
-            self.headers = []
-            self.reason = b""
-            self.delimited = self.sized = False
+            self.interim += 1
             return
+        buffer = self.buffer
+        end = 0
+        for _ in range(self.interim + 1):
+            end = buffer.index(b"\r\n\r\n", end) + 4
+        self.body_at = end
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
         sink = self.sink
         assert sink is not None
-        no_body = self.head_only or status in (204, 304)
-        sink.answer_head(status, self.reason, self.headers, sized=self.sized or no_body)
+        head = buffer[:end]
+        self.framing = framing_of(status, head, head_only=self.head_only)
+        self.dechunk = sink.answer_head(status, head, self.framing)
         if self.head_only:
             # A HEAD answer's length describes a body that never comes: the answer ends with its head, and the
             # connection is not reused in case the model sent a body anyway.
             self.complete = True
-            self.spoiled = True
+            self.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
-        if not self.complete and self.sink is not None:
+        if self.dechunk and not self.complete and self.sink is not None:
             self.sink.answer_body(body)
 
     def on_message_complete(self) -> None:
@@ -220,7 +257,8 @@ class UpstreamConnection(asyncio.Protocol):
         was sent whole), else it is closed."""
         self.sink = None
         if self.keep_alive and self.complete and request_sent and not self.spoiled and not self.closed:
-            self.resume_reading()
+            if self.reading_paused:
+                self.resume_reading()
             self.pool.put(self)
         else:
             self.close()
@@ -255,9 +293,10 @@ class Pool:
 
     def put(self, conn: UpstreamConnection) -> None:
         conn.reused = True
-        conn.idle_since = self.client.now()
+        conn.idle_since = time.monotonic()
         self.idle.append(conn)
-        self.client.connection_idle()
+        if self.client.slot_waiters:
+            self.client.connection_idle()
 
     def forget(self, conn: UpstreamConnection) -> None:
         if conn in self.idle:
@@ -271,7 +310,7 @@ class Pool:
         idle = self.idle
         if not idle:
             return None
-        now = self.client.now()
+        now = time.monotonic()
         keepalive = self.client.keepalive
         while idle:
             conn = idle.pop()
@@ -293,9 +332,8 @@ class Http1Client:
         self.keepalive = keepalive_timeout
         self._pools: dict[tuple[str, int], Pool] = {}
         self._open = 0
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closing = False
-        self.now = time.monotonic
 
     def pool(self, host: str, port: int) -> Pool:
         pool = self._pools.get((host, port))
@@ -315,8 +353,8 @@ class Http1Client:
         self._wake_one()
 
     def _wake_one(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
+        while self.slot_waiters:
+            waiter = self.slot_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 break
@@ -346,7 +384,7 @@ class Http1Client:
             if self._open < self._limit or self._evict_idle():
                 break
             waiter = loop.create_future()
-            self._slot_waiters.append(waiter)
+            self.slot_waiters.append(waiter)
             await waiter
         self._open += 1
         try:

@@ -3,9 +3,9 @@
 httptools is llhttp, the parser behind uvicorn and Node.js, in its strict mode: a request with both Content-Length
 and Transfer-Encoding, a duplicate Content-Length, bare LF line endings, folded or space-padded headers, or a bad
 chunk size is refused (400) before anything is forwarded. This module adds the limits llhttp leaves to its user:
-the request line (``MAX_TARGET``), each header field and the whole head (``MAX_FIELD``, ``MAX_HEAD``), the number of
-headers (``MAX_HEADERS``) and the body (``max_body``: 413 as soon as the Content-Length or the bytes received pass
-it, so a large body is refused without being held).
+the request target (``MAX_TARGET``), the header fields (``MAX_HEAD`` bytes together, ``MAX_HEADERS`` of them) and
+the body (``max_body``: 413 as soon as the Content-Length or the bytes received pass it, so a large body is refused
+without being held).
 
 A ``Request`` is handed to the ``Handler`` when its head is complete (``head``): the handler answers it at once,
 takes it over (a streamed body goes to ``Request.sink`` as it arrives), or lets the server collect the body and call
@@ -27,14 +27,18 @@ import httptools
 from flexinfer_common.logs import get_logger
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.errors import ProxyError
+from flexinfer_proxy.domain.requests import HOP_BY_HOP, raw_connection_tokens
 
 log = get_logger("flexinfer.proxy.server")
+
+#: Request fields that describe the hop or the body's framing: read by the server, never forwarded (the proxy sets
+#: Host and the framing itself, and answers Expect: 100-continue itself).
+_HOP_OR_FRAMING = frozenset(name.encode() for name in HOP_BY_HOP) | {b"host", b"content-length", b"expect"}
 
 Header = tuple[bytes, bytes]
 
 MAX_TARGET = 8190  # the request target (aiohttp's and uvicorn's line limit)
-MAX_FIELD = 8190  # one header's name or value
-MAX_HEAD = 64 * 1024  # the whole head
+MAX_HEAD = 64 * 1024  # all header fields together
 MAX_HEADERS = 128
 #: Body bytes of a request that is not being forwarded yet (pipelined, or streamed but waiting) kept in memory
 #: before the server stops reading from its client.
@@ -76,15 +80,23 @@ class Handler(Protocol):
 
 
 class Request:
-    """One request on a client connection, as parsed. Headers are raw bytes as they came off the wire."""
+    """One request on a client connection, as parsed.
+
+    ``headers`` are its end-to-end headers, raw bytes as they came off the wire: what a proxy forwards. The fields
+    that describe the hop (``Connection`` and what it names, ``Keep-Alive``, ``TE``, ``Trailer``, ``Upgrade``,
+    ``Proxy-*``), ``Host`` and the body's framing (``Content-Length``, ``Transfer-Encoding``, ``Expect``) are read
+    into attributes and left out.
+    """
 
     __slots__ = (
         "answering",
+        "authorization",
         "body",
         "body_size",
         "chunked",
         "complete",
         "conn",
+        "connection_tokens",
         "content_length",
         "expect_continue",
         "finished",
@@ -105,6 +117,8 @@ class Request:
         self.url = b""
         self.version = "1.1"
         self.headers: list[Header] = []
+        self.authorization: bytes | None = None
+        self.connection_tokens: frozenset[bytes] | None = None
         self.keep_alive = True
         self.content_length: int | None = None
         self.chunked = False
@@ -124,14 +138,6 @@ class Request:
     @property
     def has_body(self) -> bool:
         return self.chunked or bool(self.content_length)
-
-    def header(self, lower_name: bytes) -> bytes | None:
-        """The first value of a header, by lower-case name."""
-        size = len(lower_name)
-        for name, value in self.headers:
-            if len(name) == size and name.lower() == lower_name:
-                return value
-        return None
 
     def attach(self, sink: BodySink) -> None:
         """Stream the body to ``sink`` from now on (what arrived already goes first)."""
@@ -230,7 +236,6 @@ class ServerConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.current = Request(self)
         self._head_bytes = 0
-        self.last_active = time.monotonic()
         if self.active is not None:
             self.pause_reading()  # pipelined: read no further until the answers before it went out
 
@@ -246,16 +251,34 @@ class ServerConnection(asyncio.Protocol):
         request = self.current
         assert request is not None
         self._head_bytes += len(name) + len(value) + 4
-        headers = request.headers
-        if (
-            len(name) > MAX_FIELD
-            or len(value) > MAX_FIELD
-            or self._head_bytes > MAX_HEAD
-            or len(headers) >= MAX_HEADERS
-        ):
-            self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_FIELD, MAX_HEAD))
+        if self._head_bytes > MAX_HEAD:
+            self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
             raise _Refused
-        headers.append((name, value))
+        lower = name.lower()
+        if lower in _HOP_OR_FRAMING:
+            if lower != b"host":
+                self._hop_header(request, lower, value)
+            return
+        if lower[:6] == b"proxy-":
+            return
+        if lower == b"authorization":
+            request.authorization = value
+        request.headers.append((name, value))
+
+    def _hop_header(self, request: Request, lower: bytes, value: bytes) -> None:
+        if lower == b"content-length":
+            request.content_length = int(value)  # llhttp checked it is one plain number
+        elif lower == b"transfer-encoding":
+            if value.strip().lower() != b"chunked":  # llhttp ensured chunked comes last; more is not relayed
+                self._refuse(errors.unsupported_transfer_encoding(value.decode("latin-1")))
+                raise _Refused
+            request.chunked = True
+        elif lower == b"expect":
+            request.expect_continue = value.lower() == b"100-continue"
+        elif lower == b"connection":
+            tokens = raw_connection_tokens(value) - _HOP_OR_FRAMING
+            if tokens:
+                request.connection_tokens = (request.connection_tokens or frozenset()) | tokens
 
     def on_headers_complete(self) -> None:
         request = self.current
@@ -264,20 +287,21 @@ class ServerConnection(asyncio.Protocol):
         request.method = parser.get_method()
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive()
-        for name, value in request.headers:
-            size = len(name)
-            if size == 14 and name.lower() == b"content-length":
-                request.content_length = int(value)  # llhttp checked it is one plain number
-            elif size == 17 and name.lower() == b"transfer-encoding":
-                if value.strip().lower() != b"chunked":  # llhttp ensured chunked comes last; more is not relayed
-                    self._refuse(errors.unsupported_transfer_encoding(value.decode("latin-1")))
-                    raise _Refused
-                request.chunked = True
-            elif size == 6 and name.lower() == b"expect":
-                request.expect_continue = value.lower() == b"100-continue" and request.version == "1.1"
+        if request.version != "1.1":
+            request.expect_continue = False
+        if len(request.headers) > MAX_HEADERS:
+            self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
+            raise _Refused
+        if request.connection_tokens:  # fields named by Connection describe this hop only
+            tokens = request.connection_tokens
+            request.headers = [(n, v) for n, v in request.headers if n.lower() not in tokens]
+            if request.authorization is not None and b"authorization" in tokens:
+                request.authorization = None
         if request.content_length is not None and request.content_length > self.server.max_body:
             self._refuse(errors.body_too_large(self.server.max_body))
             raise _Refused
+        if not request.chunked and not request.content_length:
+            request.complete = True  # no body: the message ends with its head
         if self.active is None and not self.pipeline:
             self._start(request)
         else:
@@ -316,10 +340,9 @@ class ServerConnection(asyncio.Protocol):
 
     def _start(self, request: Request) -> None:
         self.active = request
-        if request.expect_continue and request.has_body and not request.complete:
+        if request.expect_continue and not request.complete:
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        taken = self.handler.head(request)
-        if not taken and request.complete and not request.finished and self.active is request:
+        if not self.handler.head(request) and request.complete and not request.finished and self.active is request:
             request.take_body()
             self.handler.request(request)
 
@@ -336,20 +359,22 @@ class ServerConnection(asyncio.Protocol):
         if request.finished:
             return
         request.finished = True
-        request.sink = None
-        request.on_gone = None
-        request.on_pause = None
+        request.sink = request.on_gone = request.on_pause = None
         if self.active is request:
             self.active = None
         if self.closed:
             return
         self.last_active = time.monotonic()
-        if not request.complete or self.will_close(request):
+        if not request.complete or not request.keep_alive or self.server.closing or self.refusing:
             self._close()
             return
-        while self.pipeline and self.active is None and not self.closed:
-            self._start(self.pipeline.popleft())
-        if not self.pipeline:
+        pipeline = self.pipeline
+        if pipeline:
+            while pipeline and self.active is None and not self.closed:
+                self._start(pipeline.popleft())
+            if pipeline:
+                return
+        if self.reading_paused:
             self.resume_reading()
 
     def respond(

@@ -21,6 +21,11 @@ class Admission(StrEnum):
     SHUTTING_DOWN = "shutting-down"
 
 
+def forward_now(route: Route, queued: int) -> bool:
+    """The first rule of ``admit``, on its own for the forwarding path: a Ready model with nobody waiting."""
+    return route.ready and queued == 0
+
+
 def admit(
     *,
     route: Route,
@@ -39,7 +44,7 @@ def admit(
     holds (``held``, its body) would take the bytes held by all waiting requests (``queued_bytes``) past
     ``queued_bytes_max``.
     """
-    if route.ready and queued == 0:
+    if forward_now(route, queued):
         return Admission.FORWARD
     if shutting_down:
         return Admission.SHUTTING_DOWN

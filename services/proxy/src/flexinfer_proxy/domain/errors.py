@@ -157,11 +157,11 @@ def uri_too_long(limit: int) -> ProxyError:
     return ProxyError(414, ErrorCode.URI_TOO_LONG, f"the request target is longer than {limit} bytes")
 
 
-def headers_too_large(count: int, field: int, total: int) -> ProxyError:
+def headers_too_large(count: int, total: int) -> ProxyError:
     return ProxyError(
         431,
         ErrorCode.HEADERS_TOO_LARGE,
-        f"the request headers are too large (at most {count} headers of {field} bytes each, {total} bytes in all)",
+        f"the request headers are too large (at most {count} headers and {total} bytes in all)",
     )
 
 

@@ -31,14 +31,20 @@ HOP_BY_HOP = frozenset(
 )
 
 
+_decode_json = json.JSONDecoder().decode
+
+
 def model_of(body: bytes) -> str:
     """The ``model`` field of a JSON request body; raise ProxyError 400 when there is none."""
     if not body:
         raise invalid_request("the request body is empty; expected a JSON object with a 'model' field")
     try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+        parsed = _decode_json(body.decode())  # UTF-8, as RFC 8259 asks: straight to the C scanner
+    except (ValueError, UnicodeDecodeError):
+        try:
+            parsed = json.loads(body)  # UTF-16/32 (detected from the bytes), or the error to report
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise invalid_request("the request body must be a JSON object with a 'model' field")
     model = parsed.get("model")

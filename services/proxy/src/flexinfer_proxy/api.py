@@ -41,7 +41,7 @@ from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
-from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target, retry_safe
+from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
 from flexinfer_proxy.domain.routes import ModelKey, RouteTable
 from flexinfer_proxy.queues import ModelQueues, Slot
 from flexinfer_proxy.tally import RequestTally, render_metrics
@@ -127,7 +127,8 @@ class ProxyHandler:
             if not self._loaded.is_set():
                 self._wait(request, self._serve_when_loaded(request, model, target, body))
                 return
-            key, route, endpoint = self._resolve(model)
+            hit = self._resolved.get(model) if self._routes.version == self._resolved_at else None
+            key, route, endpoint = hit or self._resolve(model)
             if forward_now(route, self._queues.length(key)):
                 self._forward_now(request, key, route, endpoint, target, body)
             else:
@@ -249,26 +250,33 @@ class ProxyHandler:
         target: bytes,
         body: bytes | None,
     ) -> None:
-        def done(exchange: Exchange, error: ProxyError | None) -> None:
-            if error is None:
-                if not exchange.client_left:
-                    self._tally.count(key, exchange.status)
-                    request.conn.finish(request)
-            elif isinstance(error, NeverConnected):
-                self._wait(request, self._requeue(request, key, route, target, body, error, requeues=0, since=None))
-            else:
-                self._answer_error(request, key, error)
-
         self._forwarder.exchange(
             request,
             key,
+            route,
             endpoint or self._endpoint(key, route),
             target,
             body,
-            self._retry_safe(request, target, body),
-            done,
+            self._forwarded,
             strip_authorization=self._api_keys is not None,
         )
+
+    def _forwarded(self, exchange: Exchange, error: ProxyError | None) -> None:
+        """A fast-path exchange ended: count its answer, or answer its error, or queue it after a refused connect."""
+        request = exchange.request
+        if error is None:
+            if not exchange.client_left:
+                self._tally.count(exchange.key, exchange.status)
+                request.conn.finish(request)
+        elif isinstance(error, NeverConnected):
+            self._wait(
+                request,
+                self._requeue(
+                    request, exchange.key, exchange.route, exchange.path, exchange.body, error, requeues=0, since=None
+                ),
+            )
+        else:
+            self._answer_error(request, exchange.key, error)
 
     def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
         if key is not None:
@@ -282,14 +290,6 @@ class ProxyHandler:
             return self._forwarder.endpoint(route.endpoint)
         except ValueError as exc:
             raise errors.upstream_unavailable(str(key), str(exc)) from None
-
-    @staticmethod
-    def _retry_safe(request: Request, target: bytes, body: bytes | None) -> bool:
-        return retry_safe(
-            request.method.decode("latin-1"),
-            target.decode("latin-1"),
-            body_held=body is not None or not request.has_body,
-        )
 
     # --- the waiting path ---
 
@@ -382,10 +382,10 @@ class ProxyHandler:
         exchange = self._forwarder.exchange(
             request,
             key,
+            route,
             self._endpoint(key, route),
             target,
             body,
-            self._retry_safe(request, target, body),
             done,
             strip_authorization=self._api_keys is not None,
             # A server woken from sleep was not started: the wait was short, and not a cold start.

@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
     Framing,
     Header,
@@ -41,7 +42,7 @@ from flexinfer_proxy.adapters.http1 import (
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
-from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, raw_connection_tokens
+from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, raw_connection_tokens, retry_safe
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
@@ -138,40 +139,34 @@ class Forwarder:
         self,
         request: Request,
         key: ModelKey,
+        route: Route,
         endpoint: Endpoint,
-        target: bytes,
+        path: bytes,
         body: bytes | None,
-        retry: bool,
         on_done: OnDone,
         *,
         strip_authorization: bool = False,
         extra_headers: Sequence[Header] = (),
         on_sent: OnSent | None = None,
     ) -> Exchange:
-        """Start forwarding ``request`` (with ``body`` when the proxy holds it, else its body streams) to
-        ``endpoint`` + ``target``; ``on_done`` is called once when it ends. ``on_sent`` runs once the request
+        """Start forwarding ``request`` to ``route``'s ``endpoint`` + ``path`` (with ``body`` when the proxy holds
+        it, else its body streams); ``on_done`` is called once when it ends. ``on_sent`` runs once the request
         head went out (or the attempt failed before that). ``strip_authorization``: the client's credentials were
         the proxy's own API key, not the model's to see."""
         client = self._client
         if client is None:
             raise RuntimeError("Forwarder.start() was not called")
-        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        in_flight = self._in_flight
+        in_flight[key] = in_flight.get(key, 0) + 1
         headers = request.headers
         if strip_authorization and request.authorization is not None:
             headers = [h for h in headers if h[0].lower() != b"authorization"]
-        exchange = Exchange(
-            self,
-            client.pool(endpoint.host, endpoint.port),
-            request,
-            key,
-            endpoint.base_path.encode() + target if endpoint.base_path else target,
-            body,
-            retry,
-            headers,
-            extra_headers,
-            on_sent,
-            on_done,
-        )
+        exchange = Exchange(self, client.pool(endpoint.host, endpoint.port), request, key, route, path, body, on_done)
+        if endpoint.base_path:
+            exchange.target = endpoint.base_path.encode() + path
+        exchange.headers = headers
+        exchange.extra_headers = extra_headers
+        exchange._on_sent = on_sent
         conn = exchange._pool.take()
         if conn is not None:
             exchange._send(conn)
@@ -207,7 +202,9 @@ class Exchange:
         "extra_headers",
         "headers",
         "key",
+        "path",
         "request",
+        "route",
         "server",
         "status",
         "streamed",
@@ -221,12 +218,9 @@ class Exchange:
         pool: Pool,
         request: Request,
         key: ModelKey,
-        target: bytes,
+        route: Route,
+        path: bytes,
         body: bytes | None,
-        retry: bool,
-        headers: list[Header],
-        extra_headers: Sequence[Header],
-        on_sent: OnSent | None,
         on_done: OnDone,
     ) -> None:
         self._forwarder = forwarder
@@ -234,14 +228,16 @@ class Exchange:
         self.request = request
         self.server: ServerConnection = request.conn
         self.key = key
-        self.target = target
+        self.route = route
+        self.path = path  # as the model sees it, below the endpoint's base path
+        self.target = path
         self.body = body
         self.streamed = streamed = body is None and request.has_body
         self.upload_done = not streamed
-        self.attempts_left = 2 if retry and not streamed else 1  # a stream cannot be sent twice
-        self.headers = headers
-        self.extra_headers = extra_headers
-        self._on_sent = on_sent
+        self.attempts_left = 0  # decided at the first failure (``retry_safe``)
+        self.headers: list[Header] = request.headers
+        self.extra_headers: Sequence[Header] = ()
+        self._on_sent: OnSent | None = None
         self._on_done = on_done
         self._connecting: asyncio.Task[None] | None = None
         self._head: bytes | None = None
@@ -388,6 +384,11 @@ class Exchange:
             return
         model = str(self.key)
         if isinstance(error, UpstreamConnectionError):
+            if self.attempts_left == 0:  # the first failure: may it be sent once more?
+                retry = not self.streamed and retry_safe(  # (a stream cannot be sent twice)
+                    request.method.decode("latin-1"), self.path.decode("latin-1"), body_held=True
+                )
+                self.attempts_left = 2 if retry else 1
             self.attempts_left -= 1
             if self.attempts_left > 0:
                 log.debug("retrying after a connection error", extra={"model": model, "error": str(error)})
@@ -431,9 +432,6 @@ class Exchange:
     def _end(self, error: ProxyError | None) -> None:
         self.done = True
         request = self.request
-        if request.sink is self:
-            request.detach()
-        request.on_gone = None
-        request.on_pause = None
+        request.sink = request.on_gone = request.on_pause = None
         self._forwarder._ended(self.key)
         self._on_done(self, error)

@@ -302,10 +302,14 @@ class ServerConnection(asyncio.Protocol):
             raise _Refused
         if not request.chunked and not request.content_length:
             request.complete = True  # no body: the message ends with its head
-        if self.active is None and not self.pipeline:
-            self._start(request)
-        else:
+        if self.active is not None or self.pipeline:
             self.pipeline.append(request)
+            return
+        self.active = request
+        if request.expect_continue and not request.complete:
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not self.handler.head(request) and request.complete and not request.finished and self.active is request:
+            self.handler.request(request)  # (no body)
 
     def on_body(self, body: bytes) -> None:
         request = self.current
@@ -333,7 +337,10 @@ class ServerConnection(asyncio.Protocol):
         if request.sink is not None:
             request.sink.body_end()
         elif request.on_gone is None and not request.finished:  # the server collected the body
-            request.take_body()
+            parts = request.parts
+            if parts:
+                request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+                request.parts = []
             self.handler.request(request)
 
     # --- for the handler ---

@@ -130,7 +130,16 @@ class ProxyHandler:
             hit = self._resolved.get(model) if self._routes.version == self._resolved_at else None
             key, route, endpoint = hit or self._resolve(model)
             if forward_now(route, self._queues.length(key)):
-                self._forward_now(request, key, route, endpoint, target, body)
+                self._forwarder.exchange(
+                    request,
+                    key,
+                    route,
+                    endpoint or self._endpoint(key, route),
+                    target,
+                    body,
+                    self._forwarded,
+                    strip_authorization=self._api_keys is not None,
+                )
             else:
                 self._serve(request, key, route, target, body)
         except ProxyError as error:

@@ -174,13 +174,6 @@ class Forwarder:
             exchange.attempt()
         return exchange
 
-    def _ended(self, key: ModelKey) -> None:
-        count = self._in_flight.get(key, 1) - 1
-        if count:
-            self._in_flight[key] = count
-        else:
-            del self._in_flight[key]
-
 
 class Exchange:
     """One request forwarded to a model and its answer relayed to the client (see the module docstring)."""
@@ -273,6 +266,7 @@ class Exchange:
         self._send(conn)
 
     def _send(self, conn: UpstreamConnection) -> None:
+        """Write the request on ``conn`` (the answer comes to this exchange)."""
         self.conn = conn
         request = self.request
         method = request.method
@@ -289,7 +283,9 @@ class Exchange:
         )
         if body:
             pieces.append(body)
-        conn.write(b"".join(pieces))
+        transport = conn.transport
+        assert transport is not None  # (just taken from the pool, or connected)
+        transport.write(b"".join(pieces))
         if self._on_sent is not None:
             self._sent()
         if self.server.writing_paused:
@@ -433,5 +429,11 @@ class Exchange:
         self.done = True
         request = self.request
         request.sink = request.on_gone = request.on_pause = None
-        self._forwarder._ended(self.key)
+        in_flight = self._forwarder._in_flight
+        key = self.key
+        count = in_flight[key] - 1
+        if count:
+            in_flight[key] = count
+        else:
+            del in_flight[key]
         self._on_done(self, error)

@@ -259,7 +259,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self.keep_alive and self.complete and request_sent and not self.spoiled and not self.closed:
             if self.reading_paused:
                 self.resume_reading()
-            self.pool.put(self)
+            self.reused = True
+            self.idle_since = time.monotonic()
+            pool = self.pool
+            pool.idle.append(self)
+            if pool.client.slot_waiters:
+                pool.client.connection_idle()
         else:
             self.close()
 
@@ -290,13 +295,6 @@ class Pool:
         self.port = port
         self.idle: list[UpstreamConnection] = []
         self.host_header = f"{host}:{port}".encode()
-
-    def put(self, conn: UpstreamConnection) -> None:
-        conn.reused = True
-        conn.idle_since = time.monotonic()
-        self.idle.append(conn)
-        if self.client.slot_waiters:
-            self.client.connection_idle()
 
     def forget(self, conn: UpstreamConnection) -> None:
         if conn in self.idle:

@@ -256,7 +256,9 @@ class ServerConnection(asyncio.Protocol):
             raise _Refused
         lower = name.lower()
         if lower in _HOP_OR_FRAMING:
-            if lower != b"host":
+            if lower == b"content-length":
+                request.content_length = int(value)  # llhttp checked it is one plain number
+            elif lower != b"host":
                 self._hop_header(request, lower, value)
             return
         if lower[:6] == b"proxy-":
@@ -266,9 +268,7 @@ class ServerConnection(asyncio.Protocol):
         request.headers.append((name, value))
 
     def _hop_header(self, request: Request, lower: bytes, value: bytes) -> None:
-        if lower == b"content-length":
-            request.content_length = int(value)  # llhttp checked it is one plain number
-        elif lower == b"transfer-encoding":
+        if lower == b"transfer-encoding":
             if value.strip().lower() != b"chunked":  # llhttp ensured chunked comes last; more is not relayed
                 self._refuse(errors.unsupported_transfer_encoding(value.decode("latin-1")))
                 raise _Refused
@@ -318,9 +318,8 @@ class ServerConnection(asyncio.Protocol):
         if request.body_size > self.server.max_body:
             self._refuse(errors.body_too_large(self.server.max_body))
             raise _Refused
-        sink = request.sink
-        if sink is not None:
-            sink.body_piece(body)
+        if request.sink is not None:
+            request.sink.body_piece(body)
             return
         request.parts.append(body)
         # Not collected for ``request`` (pipelined, or waiting to stream): bound what is held.

@@ -25,7 +25,6 @@ Failures:
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Sequence
 
 from flexinfer_common.logs import get_logger
@@ -42,7 +41,7 @@ from flexinfer_proxy.adapters.http1 import (
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
-from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, raw_connection_tokens, retry_safe
+from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, relayed_head, retry_safe
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
@@ -55,40 +54,6 @@ _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
 #: ``error`` (a ``NeverConnected`` may be queued again instead).
 OnDone = Callable[["Exchange", ProxyError | None], None]
 OnSent = Callable[[], None]
-
-# Hop-by-hop fields of an answer (RFC 9110 section 7.6.1), as whole lines of the head as received (llhttp refused
-# anything but CRLF line endings and plain ``name:`` fields, so a line match is a field match). Transfer-Encoding
-# stays when the body is relayed with its chunk framing.
-_HOP_FIELDS = rb"connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade"
-_HOP_LINES = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"):[^\r]*", re.IGNORECASE)
-_HOP_LINES_AND_FRAMING = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"|transfer-encoding):[^\r]*", re.IGNORECASE)
-_CONNECTION_VALUES = re.compile(rb"\r\nconnection:([^\r]*)", re.IGNORECASE)
-_ALWAYS_HOP = frozenset({b"keep-alive", b"close"})
-
-
-def relayed_head(head: bytes, extra: Sequence[Header], *, keep_framing: bool, close: bool) -> bytes:
-    """The model's answer head as the client gets it: hop-by-hop fields (and those named in ``Connection``)
-    removed, ``extra`` fields added, ``Connection: close`` when the client's connection ends with it."""
-    pattern = _HOP_LINES if keep_framing else _HOP_LINES_AND_FRAMING
-    stripped, removed = pattern.subn(b"", head)
-    if removed:
-        listed: set[bytes] = set()
-        for value in _CONNECTION_VALUES.findall(head):
-            if value.strip().lower() not in _ALWAYS_HOP:  # (the usual ``Connection: keep-alive`` names nothing)
-                listed |= raw_connection_tokens(value)
-        listed -= _ALWAYS_HOP
-        if listed:
-            names = b"|".join(re.escape(name) for name in sorted(listed))
-            stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
-    if not extra and not close:
-        return stripped
-    lines = [stripped[:-2]]
-    for name, value in extra:
-        lines += (name, b": ", value, b"\r\n")
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
 
 
 class Forwarder:

@@ -27,19 +27,18 @@ import httptools
 from flexinfer_common.logs import get_logger
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.errors import ProxyError
-from flexinfer_proxy.domain.requests import HOP_BY_HOP, raw_connection_tokens
+from flexinfer_proxy.domain.requests import NOT_FORWARDED, raw_connection_tokens
 
 log = get_logger("flexinfer.proxy.server")
-
-#: Request fields that describe the hop or the body's framing: read by the server, never forwarded (the proxy sets
-#: Host and the framing itself, and answers Expect: 100-continue itself).
-_HOP_OR_FRAMING = frozenset(name.encode() for name in HOP_BY_HOP) | {b"host", b"content-length", b"expect"}
 
 Header = tuple[bytes, bytes]
 
 MAX_TARGET = 8190  # the request target (aiohttp's and uvicorn's line limit)
 MAX_HEAD = 64 * 1024  # all header fields together
 MAX_HEADERS = 128
+#: Seconds a connection whose request was refused mid-body keeps reading (and dropping) the rest, so its client
+#: reads the refusal instead of a reset.
+LINGER = 2.0
 #: Body bytes of a request that is not being forwarded yet (pipelined, or streamed but waiting) kept in memory
 #: before the server stops reading from its client.
 BUFFER_WHILE_WAITING = 64 * 1024
@@ -255,7 +254,7 @@ class ServerConnection(asyncio.Protocol):
             self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
             raise _Refused
         lower = name.lower()
-        if lower in _HOP_OR_FRAMING:
+        if lower in NOT_FORWARDED:
             if lower == b"content-length":
                 request.content_length = int(value)  # llhttp checked it is one plain number
             elif lower != b"host":
@@ -276,7 +275,7 @@ class ServerConnection(asyncio.Protocol):
         elif lower == b"expect":
             request.expect_continue = value.lower() == b"100-continue"
         elif lower == b"connection":
-            tokens = raw_connection_tokens(value) - _HOP_OR_FRAMING
+            tokens = raw_connection_tokens(value) - NOT_FORWARDED
             if tokens:
                 request.connection_tokens = (request.connection_tokens or frozenset()) | tokens
 
@@ -335,7 +334,7 @@ class ServerConnection(asyncio.Protocol):
             return
         if request.sink is not None:
             request.sink.body_end()
-        elif request.on_gone is None and not request.finished:  # the server collected the body
+        elif request.has_body and request.on_gone is None and not request.finished:  # the server collected the body
             parts = request.parts
             if parts:
                 request.body = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -371,7 +370,10 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         self.last_active = time.monotonic()
-        if not request.complete or not request.keep_alive or self.server.closing or self.refusing:
+        if not request.complete:
+            self._linger()  # the client may still be sending the body nobody reads
+            return
+        if not request.keep_alive or self.server.closing or self.refusing:
             self._close()
             return
         pipeline = self.pipeline
@@ -454,6 +456,22 @@ class ServerConnection(asyncio.Protocol):
         self.active = request
         request.keep_alive = False
         self.respond_error(request, error)
+
+    def _linger(self) -> None:
+        """Close a connection whose request was answered before its body was read, without losing the answer.
+
+        Closing at once with unread bytes in the socket makes the kernel reset the connection, and a client still
+        sending would see the reset instead of the answer (413, 401...). So: say nothing more (half-close), read on
+        and drop whatever still comes for ``LINGER`` seconds, then close.
+        """
+        self.refusing = True  # what comes now is dropped unread
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER, self._close)
 
     def _close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -91,46 +92,55 @@ class ApiKeys:
         return matched and scheme.lower() == b"bearer"
 
 
-def connection_tokens(connection_header: str | None) -> frozenset[str]:
-    """Header names listed in ``Connection`` (they are hop-by-hop too)."""
-    if not connection_header:
-        return frozenset()
-    return frozenset(t.strip().lower() for t in connection_header.split(",") if t.strip())
-
-
-def forwardable(headers: Iterable[tuple[str, str]], *, drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """The end-to-end headers of a message: hop-by-hop ones, ``proxy-*`` and the names in ``drop`` removed.
-
-    ``drop`` holds lower-case names (e.g. ``host``, ``content-length``, and ``connection_tokens(...)``).
-    """
-    kept = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in drop or lower.startswith("proxy-"):
-            continue
-        kept.append((name, value))
-    return kept
-
-
 _HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+#: Request fields the proxy reads and never forwards (lower-case): the hop-by-hop ones, ``Host`` and the body's
+#: framing (the proxy sets them itself), and ``Expect`` (the proxy answers ``100-continue`` itself). ``Proxy-*``
+#: fields are not forwarded either, nor those named in ``Connection``.
+NOT_FORWARDED = _HOP_BY_HOP_RAW | {b"host", b"content-length", b"expect"}
+#: ``Connection`` values that name no other field.
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 
 
 def raw_connection_tokens(connection_header: bytes) -> frozenset[bytes]:
-    """``connection_tokens`` for raw (bytes) headers."""
+    """The field names listed in a ``Connection`` value (lower-case): hop-by-hop too."""
     return frozenset(t.strip().lower() for t in connection_header.split(b",") if t.strip())
 
 
-def forwardable_raw(
-    headers: Iterable[tuple[bytes, bytes]], *, drop: frozenset[bytes] = frozenset()
-) -> list[tuple[bytes, bytes]]:
-    """``forwardable`` for raw (bytes) headers, as they come off the wire: the hot path never decodes them."""
-    kept = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower in _HOP_BY_HOP_RAW or lower in drop or lower.startswith(b"proxy-"):
-            continue
-        kept.append((name, value))
-    return kept
+# An answer's hop-by-hop fields, as whole lines of the head as received (the proxy's parser refused anything but CRLF
+# line endings and plain ``name:`` fields, so a line match is a field match). Transfer-Encoding stays when the body
+# is relayed with its chunk framing.
+_HOP_FIELDS = rb"connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade"
+_HOP_LINES = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"):[^\r]*", re.IGNORECASE)
+_HOP_LINES_AND_FRAMING = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"|transfer-encoding):[^\r]*", re.IGNORECASE)
+_CONNECTION_VALUES = re.compile(rb"\r\nconnection:([^\r]*)", re.IGNORECASE)
+
+
+def relayed_head(
+    head: bytes, extra: Iterable[tuple[bytes, bytes]] = (), *, keep_framing: bool = True, close: bool = False
+) -> bytes:
+    """A model's answer head (status line to blank line, as received) as the client gets it: hop-by-hop fields and
+    those named in ``Connection`` removed (``Transfer-Encoding`` too unless ``keep_framing``), ``extra`` fields
+    added, and ``Connection: close`` when the client's connection ends with this answer."""
+    pattern = _HOP_LINES if keep_framing else _HOP_LINES_AND_FRAMING
+    stripped, removed = pattern.subn(b"", head)
+    if removed:
+        listed: set[bytes] = set()
+        for value in _CONNECTION_VALUES.findall(head):
+            if value.strip().lower() not in _PLAIN_CONNECTION:  # (the usual ``keep-alive`` names nothing)
+                listed |= raw_connection_tokens(value)
+        listed -= _PLAIN_CONNECTION
+        if listed:
+            names = b"|".join(re.escape(name) for name in sorted(listed))
+            stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
+    if not extra and not close:
+        return stripped
+    lines = [stripped[:-2]]
+    for name, value in extra:
+        lines += (name, b": ", value, b"\r\n")
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,8 @@ def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
     """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
     if head_only or status in (204, 304):
         return Framing.NONE
+    if b"\r\nContent-Length:" in head and b"\r\nTransfer-Encoding:" not in head:  # (as most servers spell it)
+        return Framing.SIZED
     lower = head.lower()
     if b"\r\ntransfer-encoding:" in lower:
         return Framing.CHUNKED if _CHUNKED.search(lower) else Framing.UNTIL_CLOSE

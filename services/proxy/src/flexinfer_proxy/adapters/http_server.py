@@ -95,6 +95,7 @@ class Request:
         "chunked",
         "complete",
         "conn",
+        "connection_header",
         "connection_tokens",
         "content_length",
         "expect_continue",
@@ -117,6 +118,7 @@ class Request:
         self.version = "1.1"
         self.headers: list[Header] = []
         self.authorization: bytes | None = None
+        self.connection_header = False
         self.connection_tokens: frozenset[bytes] | None = None
         self.keep_alive = True
         self.content_length: int | None = None
@@ -275,6 +277,7 @@ class ServerConnection(asyncio.Protocol):
         elif lower == b"expect":
             request.expect_continue = value.lower() == b"100-continue"
         elif lower == b"connection":
+            request.connection_header = True
             tokens = raw_connection_tokens(value) - NOT_FORWARDED
             if tokens:
                 request.connection_tokens = (request.connection_tokens or frozenset()) | tokens
@@ -284,10 +287,13 @@ class ServerConnection(asyncio.Protocol):
         assert request is not None
         parser = self.parser
         request.method = parser.get_method()
-        request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive()
-        if request.version != "1.1":
-            request.expect_continue = False
+        if not request.keep_alive or request.connection_header:
+            # (An HTTP/1.0 request keeps its connection only when it says so: otherwise it is 1.1, and the parser
+            # need not format its version.)
+            request.version = parser.get_http_version()
+            if request.version != "1.1":
+                request.expect_continue = False
         if len(request.headers) > MAX_HEADERS:
             self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
             raise _Refused

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import json.scanner
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,18 +33,26 @@ HOP_BY_HOP = frozenset(
 )
 
 
-_decode_json = json.JSONDecoder().decode
+#: The JSON module's own scanner (C): one value from a position, as ``json.loads`` reads it.
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (typeshed has it wrong)
 
 
 def model_of(body: bytes) -> str:
     """The ``model`` field of a JSON request body; raise ProxyError 400 when there is none."""
     if not body:
         raise invalid_request("the request body is empty; expected a JSON object with a 'model' field")
+    parsed: object = None
     try:
-        parsed = _decode_json(body.decode())  # UTF-8, as RFC 8259 asks: straight to the C scanner
-    except (ValueError, UnicodeDecodeError):
-        try:
-            parsed = json.loads(body)  # UTF-16/32 (detected from the bytes), or the error to report
+        # The usual body, a UTF-8 object with nothing after it, goes straight to the scanner ...
+        text = body.decode()
+        value, end = _scan_json(text, 0)
+        if end == len(text) or not text[end:].strip(" \t\n\r"):
+            parsed = value
+    except (ValueError, UnicodeDecodeError, StopIteration):
+        pass
+    if parsed is None:
+        try:  # ... anything else is read by json.loads (UTF-16/32, surrounding whitespace), or refused as it says
+            parsed = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
@@ -113,6 +122,8 @@ _HOP_FIELDS = rb"connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade"
 _HOP_LINES = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"):[^\r]*", re.IGNORECASE)
 _HOP_LINES_AND_FRAMING = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"|transfer-encoding):[^\r]*", re.IGNORECASE)
 _CONNECTION_VALUES = re.compile(rb"\r\nconnection:([^\r]*)", re.IGNORECASE)
+#: A ``Connection`` field that names other fields (its value is not just ``keep-alive`` or ``close``).
+_CONNECTION_NAMING = re.compile(rb"\r\nconnection:(?![ \t]*(?:keep-alive|close)[ \t]*\r)", re.IGNORECASE)
 
 
 def relayed_head(
@@ -123,11 +134,10 @@ def relayed_head(
     added, and ``Connection: close`` when the client's connection ends with this answer."""
     pattern = _HOP_LINES if keep_framing else _HOP_LINES_AND_FRAMING
     stripped, removed = pattern.subn(b"", head)
-    if removed:
+    if removed and _CONNECTION_NAMING.search(head):  # (the usual ``Connection: keep-alive`` names nothing)
         listed: set[bytes] = set()
         for value in _CONNECTION_VALUES.findall(head):
-            if value.strip().lower() not in _PLAIN_CONNECTION:  # (the usual ``keep-alive`` names nothing)
-                listed |= raw_connection_tokens(value)
+            listed |= raw_connection_tokens(value)
         listed -= _PLAIN_CONNECTION
         if listed:
             names = b"|".join(re.escape(name) for name in sorted(listed))

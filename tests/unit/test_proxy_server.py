@@ -116,3 +116,25 @@ async def test_a_refusal_mid_request_lingers_before_closing(data: bytes, status:
     conn.data_received(b"more of the body, dropped")
     assert transport.written.count(b"HTTP/1.1 ") == 1
     assert handler.requests == []
+
+
+PIPELINE = (
+    b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+    b"GET /b HTTP/1.1\r\nHost: x\r\nX-Trace: 1\r\n\r\n"
+    b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("piece", [pytest.param(1, id="byte-by-byte"), pytest.param(7, id="small-packets")])
+async def test_heads_split_over_packets_are_read_whole(piece: int) -> None:
+    conn, transport, handler = connection()
+    for i in range(0, len(PIPELINE), piece):
+        conn.data_received(PIPELINE[i : i + piece])
+        if handler.requests and not handler.requests[-1].finished:
+            Handler.answer(handler.requests[-1])
+    assert [(r.method, r.url, r.body, r.headers) for r in handler.requests] == [
+        (b"POST", b"/a", b"abc", []),
+        (b"GET", b"/b", b"", [(b"X-Trace", b"1")]),
+        (b"POST", b"/c", b"xyz", []),
+    ]
+    assert transport.written.count(b"HTTP/1.1 200 OK") == 3 and not transport.closed

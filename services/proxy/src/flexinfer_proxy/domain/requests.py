@@ -115,33 +115,34 @@ def raw_connection_tokens(connection_header: bytes) -> frozenset[bytes]:
     return frozenset(t.strip().lower() for t in connection_header.split(b",") if t.strip())
 
 
-# An answer's hop-by-hop fields, as whole lines of the head as received (the proxy's parser refused anything but CRLF
-# line endings and plain ``name:`` fields, so a line match is a field match). Transfer-Encoding stays when the body
-# is relayed with its chunk framing.
-_HOP_FIELDS = rb"connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade"
-_HOP_LINES = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"):[^\r]*", re.IGNORECASE)
-_HOP_LINES_AND_FRAMING = re.compile(rb"\r\n(?:" + _HOP_FIELDS + rb"|transfer-encoding):[^\r]*", re.IGNORECASE)
-_CONNECTION_VALUES = re.compile(rb"\r\nconnection:([^\r]*)", re.IGNORECASE)
-#: A ``Connection`` field that names other fields (its value is not just ``keep-alive`` or ``close``).
-_CONNECTION_NAMING = re.compile(rb"\r\nconnection:(?![ \t]*(?:keep-alive|close)[ \t]*\r)", re.IGNORECASE)
+# An answer's hop-by-hop fields, as whole lines of the lower-cased head (the proxy's parser refused anything but CRLF
+# line endings and plain ``name:`` fields, so a line match is a field match).
+_HOP_LINE = re.compile(rb"\r\n(connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade|transfer-encoding):([^\r]*)")
 
 
 def relayed_head(
     head: bytes, extra: Iterable[tuple[bytes, bytes]] = (), *, keep_framing: bool = True, close: bool = False
 ) -> bytes:
     """A model's answer head (status line to blank line, as received) as the client gets it: hop-by-hop fields and
-    those named in ``Connection`` removed (``Transfer-Encoding`` too unless ``keep_framing``), ``extra`` fields
-    added, and ``Connection: close`` when the client's connection ends with this answer."""
-    pattern = _HOP_LINES if keep_framing else _HOP_LINES_AND_FRAMING
-    stripped, removed = pattern.subn(b"", head)
-    if removed and _CONNECTION_NAMING.search(head):  # (the usual ``Connection: keep-alive`` names nothing)
-        listed: set[bytes] = set()
-        for value in _CONNECTION_VALUES.findall(head):
-            listed |= raw_connection_tokens(value)
-        listed -= _PLAIN_CONNECTION
-        if listed:
-            names = b"|".join(re.escape(name) for name in sorted(listed))
-            stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
+    those named in ``Connection`` removed (``Transfer-Encoding`` too unless ``keep_framing``: the body is relayed
+    with its chunk framing), ``extra`` fields added, and ``Connection: close`` when the client's connection ends with
+    this answer."""
+    lower = head.lower()
+    kept: list[bytes] = []
+    cut = 0
+    listed: frozenset[bytes] = frozenset()
+    for match in _HOP_LINE.finditer(lower):
+        name = match.group(1)
+        if name == b"transfer-encoding" and keep_framing:
+            continue
+        if name == b"connection":
+            listed |= raw_connection_tokens(match.group(2)) - _PLAIN_CONNECTION
+        kept.append(head[cut : match.start()])
+        cut = match.end()
+    stripped = b"".join(kept) + head[cut:] if kept else head
+    if listed:  # (rare: a Connection field naming other fields)
+        names = b"|".join(re.escape(name) for name in sorted(listed))
+        stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
     if not extra and not close:
         return stripped
     lines = [stripped[:-2]]

@@ -135,7 +135,7 @@ def relayed_head(
         name = match.group(1)
         if name == b"transfer-encoding" and keep_framing:
             continue
-        if name == b"connection":
+        if name == b"connection" and match.group(2).strip() not in _PLAIN_CONNECTION:
             listed |= raw_connection_tokens(match.group(2)) - _PLAIN_CONNECTION
         kept.append(head[cut : match.start()])
         cut = match.end()

@@ -330,3 +330,17 @@ async def test_requests_in_flight_are_counted_per_model(proxy: Harness, recorder
     async with proxy.http.get(proxy.base + "/default/m1/teapot") as resp:
         assert resp.status == 418
     assert forwarder.in_flight() == {}, "an error answer ends the exchange as well"
+
+
+async def test_a_model_is_reported_in_use_as_soon_as_a_request_is_forwarded(
+    proxy: Harness, recorder: tuple[Recorder, str]
+) -> None:
+    """Not when the answer ends: a model busy with a long stream must not look idle to the scheduler meanwhile."""
+    rec, base = recorder
+    await proxy.put_route("m1", endpoint=base)
+    async with proxy.http.post(proxy.base + "/default/m1/sse") as resp:
+        assert await resp.content.readuntil(b"\n\n") == b"data: one\n\n"
+        _, demand = await proxy.next_demand()  # while the answer is still streaming
+        assert (demand.model, demand.queued, demand.source) == ("m1", 0, "proxy-test-1")
+        rec.gate.set()
+        await resp.read()

@@ -59,12 +59,13 @@ class Proxy:
             queue_timeout=settings.queue_timeout.total_seconds(),
             monotonic=monotonic,
         )
+        self.tally = RequestTally(
+            activity=self.demand.activity, interval=min(1.0, settings.activity_report_interval.total_seconds())
+        )
         self.forwarder = Forwarder(
             connections=settings.proxy_upstream_connections,
             connect_timeout=settings.proxy_connect_timeout.total_seconds(),
-        )
-        self.tally = RequestTally(
-            activity=self.demand.activity, interval=min(1.0, settings.activity_report_interval.total_seconds())
+            on_forward=self.tally.started,
         )
         self.watcher = RouteWatcher(bus, self, check_interval=route_check_interval)
         self.handler = ProxyHandler(

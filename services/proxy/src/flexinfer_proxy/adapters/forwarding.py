@@ -59,11 +59,20 @@ OnSent = Callable[[], None]
 class Forwarder:
     """The client side of the proxy: model connection pools, endpoints, and the exchanges in flight per model.
 
-    ``start()`` inside the event loop, ``await close()`` at the end.
+    ``on_forward(key)`` is called as each exchange starts (the model is in use). ``start()`` inside the event loop,
+    ``await close()`` at the end.
     """
 
-    def __init__(self, *, connections: int, connect_timeout: float, keepalive_timeout: float = 4.0) -> None:
+    def __init__(
+        self,
+        *,
+        connections: int,
+        connect_timeout: float,
+        keepalive_timeout: float = 4.0,
+        on_forward: Callable[[ModelKey], None] | None = None,
+    ) -> None:
         self._connections = connections
+        self._on_forward = on_forward
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive_timeout
         self._client: Http1Client | None = None
@@ -123,6 +132,8 @@ class Forwarder:
             raise RuntimeError("Forwarder.start() was not called")
         in_flight = self._in_flight
         in_flight[key] = in_flight.get(key, 0) + 1
+        if self._on_forward is not None:
+            self._on_forward(key)
         headers = request.headers
         if strip_authorization and request.authorization is not None:
             headers = [h for h in headers if h[0].lower() != b"authorization"]

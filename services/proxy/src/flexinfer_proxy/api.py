@@ -129,19 +129,7 @@ class ProxyHandler:
                 return
             hit = self._resolved.get(model) if self._routes.version == self._resolved_at else None
             key, route, endpoint = hit or self._resolve(model)
-            if forward_now(route, self._queues.length(key)):
-                self._forwarder.exchange(
-                    request,
-                    key,
-                    route,
-                    endpoint or self._endpoint(key, route),
-                    target,
-                    body,
-                    self._forwarded,
-                    strip_authorization=self._api_keys is not None,
-                )
-            else:
-                self._serve(request, key, route, target, body)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
         except ProxyError as error:
             self._answer_error(request, key, error)
         except Exception:
@@ -218,25 +206,40 @@ class ProxyHandler:
             return True
         key, route, endpoint = self._resolve(model)
         try:
-            if forward_now(route, self._queues.length(key)):
-                self._forward_now(request, key, route, endpoint, rest, None)
-            else:
-                self._serve(request, key, route, rest, None)
+            self._forward_or_queue(request, key, route, endpoint, rest, None)
         except ProxyError as error:
             self._answer_error(request, key, error)
         return True
 
+    def _forward_or_queue(
+        self,
+        request: Request,
+        key: ModelKey,
+        route: Route,
+        endpoint: Endpoint | None,
+        target: bytes,
+        body: bytes | None,
+    ) -> None:
+        """The fast path when the model is Ready and nobody waits for it; else admission."""
+        if forward_now(route, self._queues.length(key)):
+            self._forward_now(request, key, route, endpoint, target, body)
+        else:
+            self._serve(request, key, route, target, body)
+
+    def _queue_state(self, request: Request, key: ModelKey, body: bytes | None) -> dict[str, Any]:
+        """What admission weighs besides the route: the model's queue, the bytes all queues hold, shutdown."""
+        return {
+            "queued": self._queues.length(key),
+            "queue_max": self._queue_max,
+            "shutting_down": self.shutting_down,
+            "held": _held(request, body),
+            "queued_bytes": self._queues.held_bytes,
+            "queued_bytes_max": self._queued_bytes_max,
+        }
+
     def _serve(self, request: Request, key: ModelKey, route: Route, target: bytes, body: bytes | None) -> None:
         """Admit a request that cannot simply be forwarded: queue it, or raise ProxyError for a refusal."""
-        decision = admit(
-            route=route,
-            queued=self._queues.length(key),
-            queue_max=self._queue_max,
-            shutting_down=self.shutting_down,
-            held=_held(request, body),
-            queued_bytes=self._queues.held_bytes,
-            queued_bytes_max=self._queued_bytes_max,
-        )
+        decision = admit(route=route, **self._queue_state(request, key, body))
         if decision is Admission.FORWARD:
             self._forward_now(request, key, route, self._endpoint(key, route), target, body)
         elif decision is Admission.QUEUE:
@@ -319,10 +322,7 @@ class ProxyHandler:
         try:
             await self._wait_for_routes()
             key, route, endpoint = self._resolve(model)
-            if forward_now(route, self._queues.length(key)):
-                self._forward_now(request, key, route, endpoint, target, body)
-            else:
-                self._serve(request, key, route, target, body)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
         except ProxyError as error:
             self._answer_error(request, key, error)
 
@@ -438,12 +438,7 @@ class ProxyHandler:
                 never_connected=True,
                 body_held=body is not None or not request.has_body,
                 requeues=requeues,
-                queued=self._queues.length(key),
-                queue_max=self._queue_max,
-                shutting_down=self.shutting_down,
-                held=_held(request, body),
-                queued_bytes=self._queues.held_bytes,
-                queued_bytes_max=self._queued_bytes_max,
+                **self._queue_state(request, key, body),
             )
             if answer is ConnectFailure.UNAVAILABLE:
                 raise failed

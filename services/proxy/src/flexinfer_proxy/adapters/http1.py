@@ -31,6 +31,8 @@ from typing import Protocol, cast
 
 import httptools
 
+from flexinfer_proxy.adapters.flow import ReadingControl
+
 Header = tuple[bytes, bytes]
 
 
@@ -99,7 +101,7 @@ class AnswerSink(Protocol):
         """The model's socket buffer is full (False) or drained again (True): pause or resume an upload."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(ReadingControl, asyncio.Protocol):
     """One keep-alive connection to a model, and the answer currently being read on it.
 
     The parser (strict llhttp) checks the answer and finds where it ends; the head is handed over as the bytes that
@@ -239,16 +241,6 @@ class UpstreamConnection(asyncio.Protocol):
             self.complete = True
 
     # --- used by the sink ---
-
-    def pause_reading(self) -> None:
-        if not self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = False
-            self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:

@@ -25,6 +25,7 @@ from typing import Protocol, cast
 import httptools
 
 from flexinfer_common.logs import get_logger
+from flexinfer_proxy.adapters.flow import ReadingControl
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.errors import ProxyError
 from flexinfer_proxy.domain.requests import NOT_FORWARDED, raw_connection_tokens
@@ -166,7 +167,7 @@ class _Refused(Exception):
     """Parsing stops: the request was answered with an error (and the connection closes)."""
 
 
-class ServerConnection(asyncio.Protocol):
+class ServerConnection(ReadingControl, asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.handler = server.handler
@@ -421,16 +422,6 @@ class ServerConnection(asyncio.Protocol):
         if error.status == 401:
             headers.append((b"WWW-Authenticate", b"Bearer"))
         self.respond(request, error.status, error.body(), headers=headers)
-
-    def pause_reading(self) -> None:
-        if not self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = False
-            self.transport.resume_reading()
 
     def abort(self) -> None:
         """Cut the connection (an answer broke midway: the client must not take it for a complete one)."""

@@ -6,11 +6,24 @@ import os
 import socket
 import uuid
 from datetime import timedelta
+from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, SecretStr
+from pydantic_settings import NoDecode
 
 from flexinfer_common.settings import CommonSettings, Duration
 from flexinfer_proxy.domain.requests import ApiKeys
+
+
+def _keys(value: object) -> object:
+    """``key1,key2`` -> one secret per key (so each is redacted from the logs on its own)."""
+    if isinstance(value, str):
+        return tuple(key.strip() for key in value.split(",") if key.strip())
+    return value
+
+
+#: Comma-separated secrets; an empty value means none.
+SecretList = Annotated[tuple[SecretStr, ...], NoDecode, BeforeValidator(_keys)]
 
 
 class ProxySettings(CommonSettings):
@@ -23,8 +36,8 @@ class ProxySettings(CommonSettings):
         description="Bytes all waiting requests together may hold (their bodies); a request that would pass it "
         "gets 429",
     )
-    proxy_api_keys: SecretStr | None = Field(
-        None,
+    proxy_api_keys: SecretList = Field(
+        (),
         description="Comma-separated API keys: when set, /v1/* and /{namespace}/{model}/... need "
         "Authorization: Bearer <key>",
     )
@@ -47,20 +60,11 @@ class ProxySettings(CommonSettings):
         timedelta(seconds=10), description="How long in-flight requests may run on after SIGTERM"
     )
 
-    @field_validator("proxy_api_keys", mode="before")
-    @classmethod
-    def _keys_given(cls, value: object) -> object:
-        if value is None or (isinstance(value, str) and not value.strip()):
-            return None
-        if isinstance(value, str) and not [k for k in value.split(",") if k.strip()]:
-            raise ValueError("no API key in the list (expected key1,key2,...)")
-        return value
-
     def api_keys(self) -> ApiKeys | None:
         """The data plane's API keys, or None when the data plane is open."""
-        if self.proxy_api_keys is None:
+        if not self.proxy_api_keys:
             return None
-        return ApiKeys(k.strip() for k in self.proxy_api_keys.get_secret_value().split(",") if k.strip())
+        return ApiKeys(key.get_secret_value() for key in self.proxy_api_keys)
 
     def make_instance_id(self) -> str:
         """The id this proxy signs its demand with (``source``): FLEXINFER_INSTANCE_ID, else a new unique one

@@ -129,15 +129,15 @@ def wait_for_port(port: int, *, within: float = 15.0, proc: subprocess.Popen[byt
 
 @dataclass
 class Nginx:
-    """One nginx process (1 worker, no master). ``upstream_port`` set: it is a keep-alive reverse proxy to it;
-    else it answers every request with the fixed completion."""
+    """nginx with ``workers`` worker processes (1: a single process, no master). ``upstream_port`` set: it is a
+    keep-alive reverse proxy to it; else it answers every request with the fixed completion."""
 
     port: int
     proc: subprocess.Popen[bytes]
 
 
 @contextlib.contextmanager
-def nginx(workdir: Path, *, upstream_port: int | None = None, name: str = "nginx") -> Iterator[Nginx]:
+def nginx(workdir: Path, *, upstream_port: int | None = None, name: str = "nginx", workers: int = 1) -> Iterator[Nginx]:
     port = free_port()
     prefix = workdir / name
     (prefix / "logs").mkdir(parents=True, exist_ok=True)
@@ -154,8 +154,8 @@ def nginx(workdir: Path, *, upstream_port: int | None = None, name: str = "nginx
     temp.mkdir(exist_ok=True)
     conf = f"""
 daemon off;
-master_process off;
-worker_processes 1;
+master_process {"off" if workers == 1 else "on"};
+worker_processes {workers};
 pid {prefix}/nginx.pid;
 error_log {prefix}/logs/error.log warn;
 events {{ worker_connections 20000; }}
@@ -166,7 +166,7 @@ http {{
     fastcgi_temp_path {temp}/fcgi; uwsgi_temp_path {temp}/uwsgi; scgi_temp_path {temp}/scgi;
     {upstream}
     server {{
-        listen {LOOPBACK}:{port} backlog=4096;
+        listen {LOOPBACK}:{port} backlog=4096{" reuseport" if workers > 1 else ""};
         location / {{ {location} }}
     }}
 }}
@@ -207,7 +207,15 @@ class ProxyProcess:
         return f"http://{LOOPBACK}:{self.port}"
 
     def rss_mb(self) -> tuple[float, float]:
-        return rss_mb(self.proc.pid)
+        """(current, peak) RSS in MB of the proxy, summed over its worker processes when it has several."""
+        pids = [self.proc.pid, *children(self.proc.pid)]
+        sizes = [rss_mb(pid) for pid in pids]
+        return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
 
 
 @contextlib.contextmanager
@@ -281,6 +289,21 @@ async def put_route(nats_url: str, name: str, *, endpoint: str | None) -> None:
         await kv.put(subjects.route_key(NAMESPACE, name), route.to_bytes())
     finally:
         await bus.close()
+
+
+def until_every_worker_sees(proxy_url: str, name: str, *, checks: int = 20, within: float = 15.0) -> None:
+    """Until ``checks`` requests in a row, each on a new connection (so each may reach another worker of a proxy
+    with several), show the model Ready."""
+    import urllib.request
+
+    deadline = time.monotonic() + within
+    in_a_row = 0
+    while in_a_row < checks:
+        with urllib.request.urlopen(proxy_url + "/v1/models", timeout=2) as resp:
+            models = {m["id"]: m for m in json.loads(resp.read())["data"]}
+        in_a_row = in_a_row + 1 if name in models and models[name]["ready"] else 0
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every worker of the proxy saw {name} Ready within {within}s")
 
 
 async def until_model_state(proxy_url: str, name: str, *, ready: bool, within: float = 10.0) -> None:

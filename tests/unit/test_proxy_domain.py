@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -10,9 +11,11 @@ from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Route
 from flexinfer_proxy.domain.admission import (
     Admission,
+    ConnectFailure,
     QueueAction,
     TimeoutAnswer,
     admit,
+    after_connect_failure,
     fails_waiter,
     failure_mark,
     queue_action,
@@ -28,13 +31,13 @@ from flexinfer_proxy.domain.demand import (
 from flexinfer_proxy.domain.errors import ErrorCode, ProxyError
 from flexinfer_proxy.domain.queue import WaitQueue
 from flexinfer_proxy.domain.requests import (
+    ApiKeys,
     Endpoint,
-    connection_tokens,
-    forwardable,
-    forwardable_raw,
     model_of,
     parse_endpoint,
+    prefixed_target,
     raw_connection_tokens,
+    relayed_head,
     retry_safe,
 )
 from flexinfer_proxy.domain.routes import ModelKey, ResolvedBy, RouteTable
@@ -158,6 +161,39 @@ def test_table_updates_keep_the_indexes_right() -> None:
 )
 def test_admission(the_route: Route, queued: int, shutting_down: bool, expected: Admission) -> None:
     assert admit(route=the_route, queued=queued, queue_max=3, shutting_down=shutting_down) is expected
+
+
+@pytest.mark.parametrize(
+    ("the_route", "held", "queued_bytes", "expected"),
+    [
+        pytest.param(route("m"), 400, 500, Admission.QUEUE, id="fits-queues"),
+        pytest.param(route("m"), 500, 500, Admission.QUEUE, id="exactly-at-the-limit-queues"),
+        pytest.param(route("m"), 501, 500, Admission.QUEUE_BYTES_FULL, id="past-the-limit-is-429"),
+        pytest.param(route("m"), 1001, 0, Admission.QUEUE_BYTES_FULL, id="one-body-past-the-limit-is-429"),
+        pytest.param(route("m", ready=True), 5000, 1000, Admission.FORWARD, id="forwarded-requests-hold-no-queue"),
+    ],
+)
+def test_admission_bounds_the_bytes_held_by_waiting_requests(
+    the_route: Route, held: int, queued_bytes: int, expected: Admission
+) -> None:
+    decision = admit(
+        route=the_route,
+        queued=0,
+        queue_max=3,
+        shutting_down=False,
+        held=held,
+        queued_bytes=queued_bytes,
+        queued_bytes_max=1000,
+    )
+    assert decision is expected
+
+
+def test_a_requeue_is_bounded_by_the_queued_bytes_too() -> None:
+    common = {"never_connected": True, "body_held": True, "requeues": 0, "queued": 0, "queue_max": 3}
+    answer = after_connect_failure(**common, shutting_down=False, held=600, queued_bytes=500, queued_bytes_max=1000)
+    assert answer is ConnectFailure.QUEUE_BYTES_FULL
+    answer = after_connect_failure(**common, shutting_down=False, held=400, queued_bytes=500, queued_bytes_max=1000)
+    assert answer is ConnectFailure.REQUEUE
 
 
 @pytest.mark.parametrize(
@@ -339,33 +375,92 @@ def test_model_of_rejects(body: bytes) -> None:
     assert (caught.value.status, caught.value.code) == (400, ErrorCode.INVALID_REQUEST)
 
 
-def test_forwardable_drops_hop_by_hop_headers() -> None:
-    headers = [
-        ("Host", "proxy:8080"),
-        ("Connection", "keep-alive, X-Hop"),
-        ("Keep-Alive", "timeout=5"),
-        ("Transfer-Encoding", "chunked"),
-        ("TE", "trailers"),
-        ("Trailer", "X-Sum"),
-        ("Upgrade", "h2c"),
-        ("Proxy-Authorization", "Basic x"),
-        ("X-Hop", "1"),
-        ("Authorization", "Bearer sk"),
-        ("Content-Type", "application/json"),
-        ("Accept", "text/event-stream"),
-    ]
-    drop = frozenset({"host"}) | connection_tokens("keep-alive, X-Hop")
-    assert forwardable(headers, drop=drop) == [
-        ("Authorization", "Bearer sk"),
-        ("Content-Type", "application/json"),
-        ("Accept", "text/event-stream"),
-    ]
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
 
 
-def test_forwardable_raw_works_on_bytes_as_they_come_off_the_wire() -> None:
-    headers = [(b"Host", b"p"), (b"Connection", b"close, X-Hop"), (b"X-Hop", b"1"), (b"Proxy-Foo", b"x"), (b"A", b"b")]
-    drop = frozenset({b"host"}) | raw_connection_tokens(b"close, X-Hop")
-    assert forwardable_raw(headers, drop=drop) == [(b"A", b"b")]
+@pytest.mark.parametrize(
+    ("head", "kwargs", "expected"),
+    [
+        pytest.param(HEAD + b"\r\n", {}, HEAD + b"\r\n", id="end-to-end-only-unchanged"),
+        pytest.param(
+            HEAD + b"Connection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n",
+            {},
+            HEAD + b"\r\n",
+            id="keep-alive-fields-dropped",
+        ),
+        pytest.param(
+            HEAD + b"connection: close, X-Hop\r\nX-Hop: 1\r\nX-Hopper: 2\r\nProxy-Thing: y\r\nUpgrade: h2c\r\n\r\n",
+            {},
+            HEAD + b"X-Hopper: 2\r\n\r\n",
+            id="fields-named-in-connection-dropped-any-case",
+        ),
+        pytest.param(
+            HEAD + b"\r\n",
+            {"keep_framing": False},
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n",
+            id="framing-dropped-for-a-de-chunked-body",
+        ),
+        pytest.param(
+            HEAD + b"\r\n",
+            {"extra": [(b"X-FlexInfer-Cold-Start", b"true")], "close": True},
+            HEAD + b"X-FlexInfer-Cold-Start: true\r\nConnection: close\r\n\r\n",
+            id="extra-fields-and-close-added",
+        ),
+    ],
+)
+def test_relayed_head(head: bytes, kwargs: dict[str, Any], expected: bytes) -> None:
+    assert relayed_head(head, **kwargs) == expected
+
+
+def test_raw_connection_tokens() -> None:
+    assert raw_connection_tokens(b"Keep-Alive, X-Hop ,, close") == {b"keep-alive", b"x-hop", b"close"}
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        pytest.param("/team/coder/v1/models?x=1", ("team", "coder", "/v1/models?x=1"), id="rest-and-query-kept"),
+        pytest.param("/team/coder", ("team", "coder", "/"), id="no-rest"),
+        pytest.param("/team/coder?x", ("team", "coder", "/?x"), id="query-only"),
+        pytest.param("/team", None, id="no-model"),
+        pytest.param("/team//x", None, id="empty-model"),
+    ],
+)
+def test_prefixed_target(target: str, expected: tuple[str, str, str] | None) -> None:
+    assert prefixed_target(target) == expected
+
+
+@pytest.mark.parametrize(
+    ("authorization", "allowed"),
+    [
+        pytest.param(b"Bearer sk-one", True, id="first-key"),
+        pytest.param(b"bearer   sk-two ", True, id="second-key-any-case-spaces"),
+        pytest.param(b"Bearer sk-three", False, id="unknown-key"),
+        pytest.param(b"Bearer sk-on", False, id="prefix-of-a-key"),
+        pytest.param(b"Basic sk-one", False, id="not-bearer"),
+        pytest.param(b"Bearer ", False, id="empty"),
+        pytest.param(None, False, id="missing"),
+    ],
+)
+def test_api_keys(authorization: bytes | None, allowed: bool) -> None:
+    keys = ApiKeys(["sk-one", "sk-two"])
+    assert keys.allows(authorization) is allowed
+    assert "sk-" not in repr(keys)
+
+
+def test_route_table_version_counts_every_change() -> None:
+    table = RouteTable()
+    seen = {table.version}
+    a = route("a", ready=True)
+    table.put(a)
+    seen.add(table.version)
+    table.suspect(ModelKey("default", "a"), a)
+    seen.add(table.version)
+    table.remove(ModelKey("default", "a"))
+    seen.add(table.version)
+    table.replace([route("b")])
+    seen.add(table.version)
+    assert len(seen) == 5
 
 
 @pytest.mark.parametrize(

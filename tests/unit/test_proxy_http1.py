@@ -1,5 +1,5 @@
 """The proxy's lean HTTP/1.1 client against small raw servers on loopback (no NATS): framing, keep-alive,
-backpressure and the two kinds of failure."""
+backpressure and the two kinds of failure. The answer is pushed to a sink, as the forwarding exchange gets it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from flexinfer_proxy.adapters.http1 import (
-    HIGH_WATER,
+    Framing,
     Http1Client,
+    UpstreamConnection,
     UpstreamConnectionError,
     UpstreamStreamError,
+    request_head,
 )
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
@@ -80,6 +82,41 @@ def ok(body: bytes = b"hello", **headers: str) -> Script:
     return script
 
 
+class Sink:
+    """Records what a connection pushes (the ``AnswerSink`` port), with events to wait on."""
+
+    def __init__(self, *, dechunk: bool = False) -> None:
+        self.dechunk = dechunk
+        self.status = 0
+        self.head = b""
+        self.framing: Framing | None = None
+        self.data = b""
+        self.pieces: list[bytes] = []
+        self.failure: UpstreamConnectionError | UpstreamStreamError | None = None
+        self.flushed = asyncio.Event()
+        self.ended = asyncio.Event()
+
+    def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
+        self.status, self.head, self.framing = status, head, framing
+        return self.dechunk
+
+    def answer_body(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def answer_flush(self, data: bytes, *, complete: bool) -> None:
+        self.data += data
+        self.flushed.set()
+        if complete:
+            self.ended.set()
+
+    def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
+        self.failure = error
+        self.ended.set()
+
+    def upstream_writable(self, writable: bool) -> None:
+        pass
+
+
 @pytest.fixture
 async def client() -> AsyncIterator[Http1Client]:
     made = Http1Client(connections=10, connect_timeout=2)
@@ -87,23 +124,53 @@ async def client() -> AsyncIterator[Http1Client]:
     await made.close()
 
 
-async def read_all(answer: object) -> bytes:
-    out = b""
-    while (chunk := await answer.read()) is not None:  # type: ignore[attr-defined]
-        out += chunk
-    return out
+async def send(
+    client: Http1Client,
+    port: int,
+    method: bytes,
+    target: bytes,
+    *,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    body: bytes = b"",
+    sink: Sink | None = None,
+) -> tuple[UpstreamConnection, Sink]:
+    """Take a pooled connection (or connect) and write one request; the answer goes to ``sink``."""
+    pool = client.pool("127.0.0.1", port)
+    conn = pool.take() or await client.connect(pool)
+    sink = sink or Sink()
+    conn.begin(sink, head_only=method == b"HEAD")
+    length = len(body) if body or method == b"POST" else None
+    pieces = request_head(method, target, pool.host_header, headers or [], content_length=length, chunked=False)
+    conn.write(b"".join(pieces) + body)
+    return conn, sink
+
+
+async def answered(conn: UpstreamConnection, sink: Sink) -> Sink:
+    async with asyncio.timeout(5):
+        await sink.ended.wait()
+    if sink.failure is None:
+        conn.release()
+    return sink
 
 
 async def test_keep_alive_reuses_one_connection_and_sends_headers_and_body(client: Http1Client) -> None:
     async with Server(ok(b"pong", X_Model="m")) as server:
         for i in range(3):
-            answer = await client.request(
-                "POST", "127.0.0.1", server.port, f"/v1/x?i={i}", [(b"Authorization", b"Bearer t")], b"ping"
+            sink = await answered(
+                *await send(
+                    client,
+                    server.port,
+                    b"POST",
+                    f"/v1/x?i={i}".encode(),
+                    headers=[(b"Authorization", b"Bearer t")],
+                    body=b"ping",
+                )
             )
-            assert (answer.status, answer.reason) == (200, "OK")
-            assert (b"X-Model", b"m") in answer.headers
-            assert await read_all(answer) == b"pong"
-            answer.release()
+            assert sink.status == 200
+            assert sink.head.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nX-Model: m\r\n" in sink.head
+            assert sink.head.endswith(b"\r\n\r\n"), "the head is handed over whole, as it came"
+            assert sink.framing is Framing.SIZED
+            assert sink.data == b"pong"
     assert server.connections == 1
     head, body = server.requests[2]
     assert head.startswith(b"POST /v1/x?i=2 HTTP/1.1\r\nHost: 127.0.0.1:")
@@ -111,47 +178,45 @@ async def test_keep_alive_reuses_one_connection_and_sends_headers_and_body(clien
     assert body == b"ping"
 
 
-async def test_chunked_and_until_close_answers_are_read_to_their_end(client: Http1Client) -> None:
+async def test_chunked_answers_come_piece_by_piece_with_their_framing(client: Http1Client) -> None:
+    gate = asyncio.Event()
+
     async def chunked(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for part in (b"data: 1\n\n", b"data: 2\n\n"):
-            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-            await writer.drain()
-            await asyncio.sleep(0.05)
-        writer.write(b"0\r\n\r\n")
+        writer.write(b"9\r\ndata: 1\n\n\r\n")
+        await writer.drain()
+        await gate.wait()
+        writer.write(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
         return True
 
     async with Server(chunked) as server:
-        answer = await client.request("GET", "127.0.0.1", server.port, "/sse", [], None)
-        first = await answer.read()
-        assert first == b"data: 1\n\n", "each piece is handed out as it arrives"
-        assert await read_all(answer) == b"data: 2\n\n"
-        answer.release()
+        conn, sink = await send(client, server.port, b"GET", b"/sse")
+        async with asyncio.timeout(5):
+            while b"data: 1" not in sink.data:
+                sink.flushed.clear()
+                await sink.flushed.wait()
+        assert not sink.ended.is_set(), "each piece is handed out as it arrives"
+        assert sink.framing is Framing.CHUNKED
+        gate.set()
+        await answered(conn, sink)
+        assert sink.data == b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n", "the chunk framing is kept"
+        # An HTTP/1.0 client cannot read chunks: the sink may ask for the body de-chunked instead.
+        gate.set()
+        conn, sink = await send(client, server.port, b"GET", b"/sse", sink=Sink(dechunk=True))
+        await answered(conn, sink)
+        assert (sink.data, b"".join(sink.pieces)) == (b"", b"data: 1\n\ndata: 2\n\n")
+    assert server.connections == 1
 
+
+async def test_an_answer_without_a_length_ends_when_the_model_closes(client: Http1Client) -> None:
     async def until_close(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
         await writer.drain()
         return False
 
     async with Server(until_close) as server:
-        answer = await client.request("GET", "127.0.0.1", server.port, "/", [], None)
-        assert await read_all(answer) == b"all of it"
-        answer.release()
-
-
-async def test_a_streamed_upload_goes_chunked_or_with_its_length(client: Http1Client) -> None:
-    async def parts() -> AsyncIterator[bytes]:
-        for part in (b"abc", b"", b"def"):
-            yield part
-
-    async with Server(ok()) as server:
-        for length in (None, 6):
-            answer = await client.request("PUT", "127.0.0.1", server.port, "/u", [], parts(), content_length=length)
-            await read_all(answer)
-            answer.release()
-    (chunked_head, chunked_body), (sized_head, sized_body) = server.requests
-    assert b"Transfer-Encoding: chunked" in chunked_head and chunked_body == b"abcdef"
-    assert b"Content-Length: 6" in sized_head and sized_body == b"abcdef"
+        sink = await answered(*await send(client, server.port, b"GET", b"/"))
+    assert (sink.framing, sink.data, sink.failure) == (Framing.UNTIL_CLOSE, b"all of it", None)
 
 
 async def test_head_and_204_answers_have_no_body(client: Http1Client) -> None:
@@ -161,30 +226,29 @@ async def test_head_and_204_answers_have_no_body(client: Http1Client) -> None:
         return True
 
     async with Server(ok(b"x" * 100)) as server:
-        answer = await client.request("HEAD", "127.0.0.1", server.port, "/", [], None)
-        assert (b"Content-Length", b"100") in answer.headers
-        assert await answer.read() is None
-        answer.release()
+        sink = await answered(*await send(client, server.port, b"HEAD", b"/"))
+        assert b"\r\nContent-Length: 100\r\n" in sink.head
+        assert (sink.framing, sink.data) == (Framing.NONE, b"")
     async with Server(no_content) as server:
         for _ in range(2):
-            answer = await client.request("DELETE", "127.0.0.1", server.port, "/", [], None)
-            assert answer.status == 204 and await answer.read() is None
-            answer.release()
+            sink = await answered(*await send(client, server.port, b"DELETE", b"/"))
+            assert (sink.status, sink.data) == (204, b"")
     assert server.connections == 1
 
 
-async def test_a_slow_reader_pauses_the_model(client: Http1Client) -> None:
+async def test_a_paused_sink_pauses_the_model(client: Http1Client) -> None:
     big = b"y" * (8 * 1024 * 1024)
     async with Server(ok(big)) as server:
-        answer = await client.request("GET", "127.0.0.1", server.port, "/big", [], None)
-        received = len(await answer.read() or b"")
-        await asyncio.sleep(0.2)  # the model keeps writing; the proxy must stop reading
-        conn = answer._conn
-        assert conn.reading_paused
-        assert conn.buffered <= HIGH_WATER + 512 * 1024
-        received += len(await read_all(answer))
-        answer.release()
-    assert received == len(big)
+        conn, sink = await send(client, server.port, b"GET", b"/big")
+        async with asyncio.timeout(5):
+            await sink.flushed.wait()
+        conn.pause_reading()  # the client cannot keep up
+        received = len(sink.data)
+        await asyncio.sleep(0.2)  # the model keeps writing; the proxy must not read on
+        assert len(sink.data) == received
+        conn.resume_reading()
+        await answered(conn, sink)
+    assert len(sink.data) == len(big)
 
 
 async def test_failures_before_and_after_the_answer_started(client: Http1Client) -> None:
@@ -197,18 +261,30 @@ async def test_failures_before_and_after_the_answer_started(client: Http1Client)
         return False
 
     async with Server(hang_up) as server:
-        with pytest.raises(UpstreamConnectionError, match="closed the connection") as closed:
-            await client.request("GET", "127.0.0.1", server.port, "/", [], None)
-        assert not closed.value.never_connected, "the request went out"
+        sink = await answered(*await send(client, server.port, b"GET", b"/"))
+        assert isinstance(sink.failure, UpstreamConnectionError)
+        assert "closed the connection" in str(sink.failure)
+        assert not sink.failure.never_connected, "the request went out"
     async with Server(break_mid_body) as server:
-        answer = await client.request("GET", "127.0.0.1", server.port, "/", [], None)
-        with pytest.raises(UpstreamStreamError):
-            await read_all(answer)
-        answer.close()
+        sink = await answered(*await send(client, server.port, b"GET", b"/"))
+        assert isinstance(sink.failure, UpstreamStreamError)
+        assert sink.data == b"part"
     unused = server.port  # closed now: nothing listens
     with pytest.raises(UpstreamConnectionError, match="ConnectionRefusedError") as refused:
-        await client.request("GET", "127.0.0.1", unused, "/", [], None)
+        await send(client, unused, b"GET", b"/")
     assert refused.value.never_connected, "nothing was sent"
+
+
+async def test_a_second_answer_to_one_request_is_a_broken_stream(client: Http1Client) -> None:
+    async def twice(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil")
+        await writer.drain()
+        return True
+
+    async with Server(twice) as server:
+        sink = await answered(*await send(client, server.port, b"GET", b"/"))
+    assert isinstance(sink.failure, UpstreamStreamError)
+    assert sink.data == b"", "nothing of the packet is relayed"
 
 
 async def test_a_connection_the_model_closed_while_idle_is_not_reused(client: Http1Client) -> None:
@@ -218,9 +294,8 @@ async def test_a_connection_the_model_closed_while_idle_is_not_reused(client: Ht
 
     async with Server(once) as server:
         for _ in range(3):
-            answer = await client.request("GET", "127.0.0.1", server.port, "/", [], None)
-            assert await read_all(answer) == b"hello"
-            answer.release()
+            sink = await answered(*await send(client, server.port, b"GET", b"/"))
+            assert sink.data == b"hello"
             await asyncio.sleep(0.05)
     assert server.connections == 3
 
@@ -237,10 +312,8 @@ async def test_the_connection_limit_makes_requests_wait_for_a_free_one() -> None
         async with Server(slow) as server:
 
             async def get() -> bytes:
-                answer = await limited.request("GET", "127.0.0.1", server.port, "/", [], None)
-                body = await read_all(answer)
-                answer.release()
-                return body
+                sink = await answered(*await send(limited, server.port, b"GET", b"/"))
+                return sink.data
 
             tasks = [asyncio.create_task(get()) for _ in range(2)]
             await asyncio.sleep(0.1)

@@ -1,4 +1,4 @@
-"""The proxy's one HTTP handler: it dispatches on the path, admits, queues and forwards. No framework routing.
+"""The proxy's request handler: it dispatches on the path, admits, queues and forwards. No framework routing.
 
 | path | |
 |---|---|
@@ -8,8 +8,17 @@
 | ``GET /api/v1/queues`` | waiting requests per model (bearer token when FLEXINFER_ADMIN_TOKEN is set) |
 | ``/healthz``, ``/readyz``, ``/metrics`` | operations |
 
-The hot path reads the body once (to find ``model``), resolves it with dictionary lookups, and forwards the
-original bytes; it logs nothing at info level.
+Two paths, chosen per request:
+
+- **Fast**: the model is Ready and nobody waits for it. Everything happens in the server's protocol callbacks: the
+  body is parsed once (for ``model``), resolved with dictionary lookups, and the original bytes are forwarded
+  (``adapters.forwarding``); the answer is counted in a plain dict (``tally``). No task, no log line.
+- **Waiting** (a coroutine per request): the route snapshot is not loaded yet, the model is not Ready, others wait
+  before it, or connecting to it failed (a dead endpoint): queue, signal demand, forward when it is the request's
+  turn with ``X-FlexInfer-Queue-Wait-Ms`` and ``X-FlexInfer-Cold-Start``, answer 429/503/504 as its wait ends.
+
+A client that leaves stops what is done for it: the wait (it leaves the queue and its demand), or the forwarding
+(the model connection is closed).
 """
 
 from __future__ import annotations
@@ -18,55 +27,35 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import unquote
 
-from aiohttp import web
-from prometheus_client import Counter
+import httptools
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
-from flexinfer_common.metrics import PROXY_COLD_STARTS, PROXY_REQUESTS, render_latest
-from flexinfer_proxy.adapters.demand import DemandSignaller
-from flexinfer_proxy.adapters.upstream import Upstream
+from flexinfer_common.metrics import PROXY_COLD_STARTS
+from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
+from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
-from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure
+from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
-from flexinfer_proxy.domain.requests import model_of, retry_safe
-from flexinfer_proxy.domain.routes import ModelKey, Resolved, RouteTable
-from flexinfer_proxy.queues import ModelQueues
+from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
+from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.queues import ModelQueues, Slot
+from flexinfer_proxy.tally import RequestTally, render_metrics
 
 log = get_logger("flexinfer.proxy.api")
 
-QUEUE_WAIT_HEADER = "X-FlexInfer-Queue-Wait-Ms"
-COLD_START_HEADER = "X-FlexInfer-Cold-Start"
-EXPECT = "Expect"
-JSON = "application/json"
+QUEUE_WAIT_HEADER = b"X-FlexInfer-Queue-Wait-Ms"
+COLD_START_HEADER = b"X-FlexInfer-Cold-Start"
 
 ReadinessCheck = Callable[[], dict[str, bool]]
 
 
-def error_response(error: ProxyError) -> web.Response:
-    response = web.Response(status=error.status, body=error.body(), content_type=JSON)
-    if error.retry_after is not None:
-        response.headers["Retry-After"] = str(error.retry_after)
-    if error.status == 401:
-        response.headers["WWW-Authenticate"] = "Bearer"
-    return response
-
-
-def json_response(payload: Any, *, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(payload).encode(), content_type=JSON)
-
-
-def prefixed_target(raw_target: str) -> tuple[str, str, str] | None:
-    """``/ns/model/rest?q`` -> ``("ns", "model", "/rest?q")``, all still encoded as sent; None without a model."""
-    path, sep, query = raw_target.partition("?")
-    parts = path.split("/", 3)
-    if len(parts) < 3 or parts[0] != "" or not parts[1] or not parts[2]:
-        return None
-    rest = "/" + parts[3] if len(parts) == 4 else "/"
-    return parts[1], parts[2], rest + sep + query
+def json_body(payload: Any) -> bytes:
+    return json.dumps(payload).encode()
 
 
 class ProxyHandler:
@@ -75,254 +64,437 @@ class ProxyHandler:
         *,
         routes: RouteTable,
         queues: ModelQueues,
-        demand: DemandSignaller,
-        upstream: Upstream,
+        forwarder: Forwarder,
+        tally: RequestTally,
         routes_loaded: asyncio.Event,
         readiness: ReadinessCheck,
         default_namespace: str,
         queue_max: int,
         queue_timeout: float,
         retry_after: int,
-        max_body: int,
         admin_token: str | None,
+        api_keys: ApiKeys | None = None,
+        queued_bytes_max: int | None = None,
         suspect_for: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._routes = routes
         self._queues = queues
-        self._demand = demand
-        self._upstream = upstream
+        self._forwarder = forwarder
+        self._tally = tally
         self._loaded = routes_loaded
         self._readiness = readiness
         self._namespace = default_namespace
         self._queue_max = queue_max
         self._queue_timeout = queue_timeout
         self._retry_after = retry_after
-        self._max_body = max_body
         self._admin_token = admin_token.encode() if admin_token else None
+        self._api_keys = api_keys
+        self._queued_bytes_max = queued_bytes_max
         self._suspect_for = suspect_for
         self._monotonic = monotonic
-        self._counters: dict[tuple[ModelKey, int], Counter] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._resolved: dict[str, tuple[ModelKey, Route, Endpoint | None]] = {}
+        self._resolved_at = -1
         self.shutting_down = False
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        try:
-            return await self._dispatch(request)
-        except ProxyError as error:
-            return error_response(error)
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(errors.body_too_large(self._max_body))
-        except Exception:
-            log.exception("request failed", extra={"method": request.method, "path": request.path})
-            return error_response(errors.internal_error())
+    # --- the server's two calls ---
 
-    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.path
+    def head(self, request: Request) -> bool:
+        """Dispatch on the path once the head is complete; False: a ``/v1`` POST whose body comes to ``request``."""
+        try:
+            target = request.url = _origin_target(request.url)
+            if target[:4] == b"/v1/" and b"%" not in target:
+                if self._api_keys is not None and not self._api_keys.allows(request.authorization):
+                    raise errors.invalid_api_key()
+                if request.method == b"POST" and target[:10] != b"/v1/models":
+                    return False  # the body is collected, then ``request``
+            return self._dispatch(request, target)
+        except ProxyError as error:
+            request.conn.respond_error(request, error)
+        except Exception:
+            log.exception("request failed", extra={"method": request.method.decode("latin-1")})
+            request.conn.respond_error(request, errors.internal_error())
+        return True
+
+    def request(self, request: Request) -> None:
+        """A ``/v1`` POST with its whole body: find ``model`` in it, then forward or queue."""
+        key: ModelKey | None = None
+        try:
+            body = request.body
+            model = model_of(body)
+            target = request.url
+            if not self._loaded.is_set():
+                self._wait(request, self._serve_when_loaded(request, model, target, body))
+                return
+            hit = self._resolved.get(model) if self._routes.version == self._resolved_at else None
+            key, route, endpoint = hit or self._resolve(model)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+        except Exception:
+            log.exception("request failed", extra={"path": request.url.decode("latin-1", "replace")[:200]})
+            self._answer_error(request, key, errors.internal_error())
+
+    def _resolve(self, model: str) -> tuple[ModelKey, Route, Endpoint | None]:
+        """The model a request names, its route, and where a Ready one listens; cached until the table changes."""
+        routes = self._routes
+        if routes.version != self._resolved_at:
+            self._resolved.clear()
+            self._resolved_at = routes.version
+        hit = self._resolved.get(model)
+        if hit is None:
+            resolved = routes.resolve(model, default_namespace=self._namespace)
+            endpoint = self._endpoint(resolved.key, resolved.route) if resolved.route.ready else None
+            hit = (resolved.key, resolved.route, endpoint)
+            if len(self._resolved) < 4096:
+                self._resolved[model] = hit
+        return hit
+
+    # --- dispatch ---
+
+    def _dispatch(self, request: Request, target: bytes) -> bool:
+        raw_path = target.partition(b"?")[0]
+        path = unquote(raw_path.decode("utf-8", "replace")) if b"%" in raw_path else raw_path.decode("latin-1")
         method = request.method
+        conn = request.conn
         if path.startswith("/v1/"):
+            self._check_api_key(request)  # (again, for a path that was encoded)
             if path == "/v1/models" or path.startswith("/v1/models/"):
-                if method != "GET":
-                    raise errors.method_not_allowed(method, path)
-                return await self._models(path[len("/v1/models/") :] if path != "/v1/models" else None)
-            if method != "POST":
-                raise errors.method_not_allowed(method, path)
-            if EXPECT in request.headers:
-                await _send_continue(request)
-            body = await request.read()
-            resolved = await self._resolve(model_of(body))
-            return await self._serve(request, resolved, self._raw_target(request), body)
+                if method != b"GET":
+                    raise errors.method_not_allowed(method.decode(), path)
+                model = path[len("/v1/models/") :] if path != "/v1/models" else None
+                if not self._loaded.is_set():
+                    self._wait(request, self._models_when_loaded(request, model))
+                else:
+                    conn.respond(request, 200, self._models(model))
+                return True
+            if method != b"POST":
+                raise errors.method_not_allowed(method.decode(), path)
+            return False  # the body is collected, then ``request``
         if path.startswith("/api/"):
             self._authorize(request)
             if path == "/api/v1/queues":
-                if method != "GET":
-                    raise errors.method_not_allowed(method, path)
-                return self._queue_list()
+                if method != b"GET":
+                    raise errors.method_not_allowed(method.decode(), path)
+                conn.respond(request, 200, self._queue_list())
+                return True
             raise errors.path_not_found(path)
         if path == "/healthz":
-            return json_response({"status": "ok"})
+            conn.respond(request, 200, b'{"status": "ok"}')
+            return True
         if path == "/readyz":
             checks = self._readiness()
             ready = checks.get("routes", False) and not self.shutting_down
-            return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+            conn.respond(request, 200 if ready else 503, json_body({"ready": ready, "checks": checks}))
+            return True
         if path == "/metrics":
-            body, content_type = render_latest()
-            return web.Response(body=body, headers={"Content-Type": content_type})
-        target = prefixed_target(self._raw_target(request))
+            self._tally.flush()
+            body, content_type = render_metrics()
+            conn.respond(request, 200, body, content_type=content_type.encode())
+            return True
+        prefixed = prefixed_target(target.decode("latin-1"))
         names = path.split("/", 3)
-        if target is None or len(names) < 3 or not names[1] or not names[2]:
+        if prefixed is None or len(names) < 3 or not names[1] or not names[2]:
             raise errors.path_not_found(path)
+        self._check_api_key(request)
         # Names from the decoded path; the rest is forwarded exactly as the client encoded it.
-        resolved = await self._resolve(f"{names[1]}/{names[2]}")
-        if EXPECT in request.headers and request.body_exists:
-            await _send_continue(request)
-        return await self._serve(request, resolved, target[2], None)
-
-    @staticmethod
-    def _raw_target(request: web.BaseRequest) -> str:
-        target = request.raw_path
-        return target if target.startswith("/") else request.rel_url.raw_path_qs
-
-    async def _resolve(self, model: str) -> Resolved:
+        model = f"{names[1]}/{names[2]}"
+        rest = prefixed[2].encode("latin-1")
         if not self._loaded.is_set():
+            self._wait(request, self._serve_when_loaded(request, model, rest, None))
+            return True
+        key, route, endpoint = self._resolve(model)
+        try:
+            self._forward_or_queue(request, key, route, endpoint, rest, None)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+        return True
+
+    def _forward_or_queue(
+        self,
+        request: Request,
+        key: ModelKey,
+        route: Route,
+        endpoint: Endpoint | None,
+        target: bytes,
+        body: bytes | None,
+    ) -> None:
+        """The fast path when the model is Ready and nobody waits for it; else admission."""
+        if forward_now(route, self._queues.length(key)):
+            self._forward_now(request, key, route, endpoint, target, body)
+        else:
+            self._serve(request, key, route, target, body)
+
+    def _queue_state(self, request: Request, key: ModelKey, body: bytes | None) -> dict[str, Any]:
+        """What admission weighs besides the route: the model's queue, the bytes all queues hold, shutdown."""
+        return {
+            "queued": self._queues.length(key),
+            "queue_max": self._queue_max,
+            "shutting_down": self.shutting_down,
+            "held": _held(request, body),
+            "queued_bytes": self._queues.held_bytes,
+            "queued_bytes_max": self._queued_bytes_max,
+        }
+
+    def _serve(self, request: Request, key: ModelKey, route: Route, target: bytes, body: bytes | None) -> None:
+        """Admit a request that cannot simply be forwarded: queue it, or raise ProxyError for a refusal."""
+        decision = admit(route=route, **self._queue_state(request, key, body))
+        if decision is Admission.FORWARD:
+            self._forward_now(request, key, route, self._endpoint(key, route), target, body)
+        elif decision is Admission.QUEUE:
+            self._wait(request, self._wait_and_forward(request, key, target, body))
+        elif decision is Admission.QUEUE_FULL:
+            raise errors.queue_full(str(key), self._queue_max, self._retry_after)
+        elif decision is Admission.QUEUE_BYTES_FULL:
+            raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+        else:
+            raise errors.shutting_down()
+
+    # --- the fast path ---
+
+    def _forward_now(
+        self,
+        request: Request,
+        key: ModelKey,
+        route: Route,
+        endpoint: Endpoint | None,
+        target: bytes,
+        body: bytes | None,
+    ) -> None:
+        self._forwarder.exchange(
+            request,
+            key,
+            route,
+            endpoint or self._endpoint(key, route),
+            target,
+            body,
+            self._forwarded,
+            strip_authorization=self._api_keys is not None,
+        )
+
+    def _forwarded(self, exchange: Exchange, error: ProxyError | None) -> None:
+        """A fast-path exchange ended: count its answer, or answer its error, or queue it after a refused connect."""
+        request = exchange.request
+        if error is None:
+            if not exchange.client_left:
+                self._tally.count(exchange.key, exchange.status)
+                request.conn.finish(request)
+        elif isinstance(error, NeverConnected):
+            self._wait(
+                request,
+                self._requeue(
+                    request, exchange.key, exchange.route, exchange.path, exchange.body, error, requeues=0, since=None
+                ),
+            )
+        else:
+            self._answer_error(request, exchange.key, error)
+
+    def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
+        if key is not None:
+            self._tally.count(key, error.status)
+        request.conn.respond_error(request, error)
+
+    def _endpoint(self, key: ModelKey, route: Route) -> Endpoint:
+        if not route.endpoint:
+            raise errors.upstream_unavailable(str(key), "the route is Ready but has no endpoint")
+        try:
+            return self._forwarder.endpoint(route.endpoint)
+        except ValueError as exc:
+            raise errors.upstream_unavailable(str(key), str(exc)) from None
+
+    # --- the waiting path ---
+
+    def _wait(self, request: Request, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` for ``request`` as a task; the client leaving cancels it."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+        def gone() -> None:
+            task.cancel()
+
+        request.on_gone = gone
+
+    async def _serve_when_loaded(self, request: Request, model: str, target: bytes, body: bytes | None) -> None:
+        """Just started: wait for the route snapshot rather than calling a real model unknown."""
+        key: ModelKey | None = None
+        try:
             await self._wait_for_routes()
-        return self._routes.resolve(model, default_namespace=self._namespace)
+            key, route, endpoint = self._resolve(model)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+
+    async def _models_when_loaded(self, request: Request, model: str | None) -> None:
+        try:
+            await self._wait_for_routes()
+            request.conn.respond(request, 200, self._models(model))
+        except ProxyError as error:
+            request.conn.respond_error(request, error)
 
     async def _wait_for_routes(self) -> None:
-        """Just started: wait for the route snapshot rather than calling a real model unknown."""
         try:
             async with asyncio.timeout(self._queue_timeout):
                 await self._loaded.wait()
         except TimeoutError:
             raise errors.routes_unavailable() from None
 
-    async def _serve(
-        self, request: web.BaseRequest, resolved: Resolved, target: str, body: bytes | None
-    ) -> web.StreamResponse:
-        key, route = resolved.key, resolved.route
-        try:
-            decision = admit(
-                route=route,
-                queued=self._queues.length(key),
-                queue_max=self._queue_max,
-                shutting_down=self.shutting_down,
-            )
-            if decision is Admission.FORWARD:
-                self._demand.activity(key)
-                try:
-                    response = await self._upstream.forward(
-                        request,
-                        endpoint=_endpoint(key, route),
-                        target=target,
-                        model=str(key),
-                        body=body,
-                        retry=self._retry_safe(request, target, body),
-                    )
-                except NeverConnected as failed:
-                    response = await self._requeue(request, key, route, target, body, failed, requeues=0, since=None)
-            elif decision is Admission.QUEUE:
-                response = await self._wait_and_forward(request, key, target, body)
-            elif decision is Admission.QUEUE_FULL:
-                raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-            else:
-                raise errors.shutting_down()
-        except ProxyError as error:
-            self._count(key, error.status)
-            raise
-        self._count(key, response.status)
-        return response
-
-    @staticmethod
-    def _retry_safe(request: web.BaseRequest, target: str, body: bytes | None) -> bool:
-        return retry_safe(request.method, target, body_held=body is not None or not request.body_exists)
-
     async def _wait_and_forward(
         self,
-        request: web.BaseRequest,
+        request: Request,
         key: ModelKey,
-        target: str,
+        target: bytes,
         body: bytes | None,
         *,
         requeues: int = 0,
         since: float | None = None,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Queue, then forward. ``requeues``: how many times the request came back after connecting failed;
         ``since``: when it first started waiting (its ``X-FlexInfer-Queue-Wait-Ms`` counts from there)."""
-        waiter = self._queues.join(key)
-        if since is None:
-            since = waiter.arrived_at
         try:
-            route = await self._queues.wait_turn(key, waiter)
-            waited_ms = round((self._monotonic() - since) * 1000)
-            PROXY_COLD_STARTS.labels(namespace=key.namespace, model=key.name).inc()
-            self._demand.activity(key)
-
-            def started() -> None:
-                self._queues.leave(key, waiter)
-
+            waiter = self._queues.join(key, held=_held(request, body))
+            if since is None:
+                since = waiter.arrived_at
             try:
-                return await self._upstream.forward(
-                    request,
-                    endpoint=_endpoint(key, route),
-                    target=target,
-                    model=str(key),
-                    body=body,
-                    retry=self._retry_safe(request, target, body),
-                    # A server woken from sleep was not started: the wait was short, and not a cold start.
-                    extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms)),)
-                    if route.woken
-                    else ((QUEUE_WAIT_HEADER, str(waited_ms)), (COLD_START_HEADER, "true")),
-                    on_sent=started,
-                )
-            except NeverConnected as exc:
-                failed = exc
-        finally:
+                route = await self._queues.wait_turn(key, waiter)
+                waited_ms = round((self._monotonic() - since) * 1000)
+                PROXY_COLD_STARTS.labels(namespace=key.namespace, model=key.name).inc()
+                failure = await self._forward_after_wait(request, key, route, target, body, waiter, waited_ms)
+            finally:
+                self._queues.leave(key, waiter)
+            if failure is not None:
+                await self._requeue(request, key, route, target, body, failure, requeues=requeues, since=since)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+
+    async def _forward_after_wait(
+        self,
+        request: Request,
+        key: ModelKey,
+        route: Route,
+        target: bytes,
+        body: bytes | None,
+        waiter: Slot,
+        waited_ms: int,
+    ) -> NeverConnected | None:
+        """Forward a request whose turn came; a NeverConnected (connecting failed) comes back for a re-queue."""
+        ended: asyncio.Future[ProxyError | None] = asyncio.get_running_loop().create_future()
+
+        def done(_: Exchange, error: ProxyError | None) -> None:
+            if not ended.done():
+                ended.set_result(error)
+
+        def started() -> None:
             self._queues.leave(key, waiter)
-        return await self._requeue(request, key, route, target, body, failed, requeues=requeues, since=since)
+
+        exchange = self._forwarder.exchange(
+            request,
+            key,
+            route,
+            self._endpoint(key, route),
+            target,
+            body,
+            done,
+            strip_authorization=self._api_keys is not None,
+            # A server woken from sleep was not started: the wait was short, and not a cold start.
+            extra_headers=((QUEUE_WAIT_HEADER, str(waited_ms).encode()),)
+            if route.woken
+            else ((QUEUE_WAIT_HEADER, str(waited_ms).encode()), (COLD_START_HEADER, b"true")),
+            on_sent=started,
+        )
+        try:
+            error = await ended
+        except asyncio.CancelledError:
+            exchange.client_gone()
+            raise
+        if error is None:
+            if not exchange.client_left:
+                self._tally.count(key, exchange.status)
+                request.conn.finish(request)
+            return None
+        if isinstance(error, NeverConnected):
+            request.on_gone = _current_task_canceller()
+            return error
+        raise error
 
     async def _requeue(
         self,
-        request: web.BaseRequest,
+        request: Request,
         key: ModelKey,
         route: Route,
-        target: str,
+        target: bytes,
         body: bytes | None,
         failed: NeverConnected,
         *,
         requeues: int,
         since: float | None,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Connecting to the model failed, so nothing was sent: wait in its queue for the route to be Ready again
         (``route`` counts as not Ready here for ``suspect_for``) instead of answering 502, a bounded number of times.
         """
-        answer = after_connect_failure(
-            never_connected=True,
-            body_held=body is not None or not request.body_exists,
-            requeues=requeues,
-            queued=self._queues.length(key),
-            queue_max=self._queue_max,
-            shutting_down=self.shutting_down,
-        )
-        if answer is ConnectFailure.UNAVAILABLE:
-            raise failed
-        if answer is ConnectFailure.SHUTTING_DOWN:
-            raise errors.shutting_down()
-        if answer is ConnectFailure.QUEUE_FULL:
-            raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-        if since is not None and (waited := self._monotonic() - since) >= self._queue_timeout:
-            raise errors.queue_timeout(str(key), waited)  # no fresh queue timeout for a request that waited one out
-        if self._routes.suspect(key, route):
-            log.info("cannot connect to the model: its requests wait", extra={"model": str(key), "error": str(failed)})
-            asyncio.get_running_loop().call_later(self._suspect_for, self._unsuspect, key, route)
-        return await self._wait_and_forward(request, key, target, body, requeues=requeues + 1, since=since)
+        try:
+            answer = after_connect_failure(
+                never_connected=True,
+                body_held=body is not None or not request.has_body,
+                requeues=requeues,
+                **self._queue_state(request, key, body),
+            )
+            if answer is ConnectFailure.UNAVAILABLE:
+                raise failed
+            if answer is ConnectFailure.SHUTTING_DOWN:
+                raise errors.shutting_down()
+            if answer is ConnectFailure.QUEUE_FULL:
+                raise errors.queue_full(str(key), self._queue_max, self._retry_after)
+            if answer is ConnectFailure.QUEUE_BYTES_FULL:
+                raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+            if since is not None and (waited := self._monotonic() - since) >= self._queue_timeout:
+                raise errors.queue_timeout(str(key), waited)  # no fresh queue timeout for a request that waited one
+            if self._routes.suspect(key, route):
+                log.info(
+                    "cannot connect to the model: its requests wait", extra={"model": str(key), "error": str(failed)}
+                )
+                asyncio.get_running_loop().call_later(self._suspect_for, self._unsuspect, key, route)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+            return
+        await self._wait_and_forward(request, key, target, body, requeues=requeues + 1, since=since)
 
     def _unsuspect(self, key: ModelKey, route: Route) -> None:
         """The ``suspect`` mark ran out with no newer route from the KV: its route applies again (waiters try it)."""
         if self._routes.unsuspect(key, route):
             self._queues.route_changed(key)
 
-    def _count(self, key: ModelKey, status: int) -> None:
-        counter = self._counters.get((key, status))
-        if counter is None:
-            counter = PROXY_REQUESTS.labels(namespace=key.namespace, model=key.name, code=str(status))
-            self._counters[(key, status)] = counter
-        counter.inc()
+    # --- lifecycle ---
 
-    def _authorize(self, request: web.BaseRequest) -> None:
+    async def cancel_waits(self) -> None:
+        """Shutdown: end what still runs for requests (after their clients were answered)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- small answers ---
+
+    def _check_api_key(self, request: Request) -> None:
+        keys = self._api_keys
+        if keys is not None and not keys.allows(request.authorization):
+            raise errors.invalid_api_key()
+
+    def _authorize(self, request: Request) -> None:
         if self._admin_token is None:
             return
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._admin_token):
+        scheme, _, given = (request.authorization or b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self._admin_token):
             raise errors.unauthorized()
 
-    async def _models(self, model: str | None) -> web.Response:
-        if not self._loaded.is_set():
-            await self._wait_for_routes()
+    def _models(self, model: str | None) -> bytes:
         if model is not None:
             resolved = self._routes.resolve(model, default_namespace=self._namespace)
-            return json_response(_model_object(resolved.route))
-        return json_response({"object": "list", "data": [_model_object(route) for route in self._routes]})
+            return json_body(_model_object(resolved.route))
+        return json_body({"object": "list", "data": [_model_object(route) for route in self._routes]})
 
-    def _queue_list(self) -> web.Response:
+    def _queue_list(self) -> bytes:
         items = [
             {
                 "namespace": info.key.namespace,
@@ -332,20 +504,37 @@ class ProxyHandler:
             }
             for info in self._queues.snapshot()
         ]
-        return json_response({"items": items})
+        return json_body({"items": items})
 
 
-async def _send_continue(request: web.BaseRequest) -> None:
-    """``Expect: 100-continue``: the low-level server does not answer it, and the client would wait (curl: 1 s)
-    before sending the body. The proxy never forwards the header (it has the body already, or streams it)."""
-    if request.headers[EXPECT].lower() == "100-continue" and request.version >= (1, 1):
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+def _origin_target(url: bytes) -> bytes:
+    """The request target in origin form (``/path?query``): an absolute-form target (``http://host/path``) is cut
+    to its path and query; anything else (``*``) gives b"" (no such path)."""
+    if url[:1] == b"/":
+        return url
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return b""
+    if not parsed.schema:
+        return b""
+    path = parsed.path or b"/"
+    return path + b"?" + parsed.query if parsed.query else path
 
 
-def _endpoint(key: ModelKey, route: Route) -> str:
-    if not route.endpoint:
-        raise errors.upstream_unavailable(str(key), "the route is Ready but has no endpoint")
-    return route.endpoint
+def _held(request: Request, body: bytes | None) -> int:
+    """The bytes a waiting request keeps in memory: its body, or what arrived of a streamed one."""
+    return len(body) if body is not None else request.body_size
+
+
+def _current_task_canceller() -> Callable[[], None]:
+    task = asyncio.current_task()
+    assert task is not None
+
+    def gone() -> None:
+        task.cancel()
+
+    return gone
 
 
 def _model_object(route: Route) -> dict[str, Any]:

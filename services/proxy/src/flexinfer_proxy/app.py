@@ -1,4 +1,4 @@
-"""The proxy assembled: route table + watcher, queues, demand signaller, upstream client, and the HTTP server.
+"""The proxy assembled: route table + watcher, queues, demand signaller, forwarder, and the HTTP server.
 
 ``Proxy.start()`` serves at once (``/readyz`` turns 200 when the route snapshot is loaded; data requests that arrive
 earlier wait for it). ``Proxy.stop()`` is the graceful shutdown: stop accepting connections, answer every waiting
@@ -7,29 +7,23 @@ request 503 ``shutting_down``, let in-flight requests finish (bounded), then clo
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
-
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_parser import RawRequestMessage
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.demand import DemandSignaller
+from flexinfer_proxy.adapters.forwarding import Forwarder
+from flexinfer_proxy.adapters.http_server import HttpServer
 from flexinfer_proxy.adapters.routes_watcher import RouteWatcher
-from flexinfer_proxy.adapters.upstream import Upstream
 from flexinfer_proxy.api import ProxyHandler
 from flexinfer_proxy.domain.errors import shutting_down
 from flexinfer_proxy.domain.routes import ModelKey, RouteTable
 from flexinfer_proxy.queues import ModelQueues
 from flexinfer_proxy.settings import ProxySettings
+from flexinfer_proxy.tally import RequestTally
 
 log = get_logger("flexinfer.proxy")
 
@@ -44,10 +38,12 @@ class Proxy:
         clock: Clock | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         route_check_interval: float = 10.0,
+        reuse_port: bool = False,
     ) -> None:
         self.settings = settings
         self.bus = bus
         self.instance_id = instance_id or settings.make_instance_id()
+        self.reuse_port = reuse_port
         self.routes = RouteTable()
         self.demand = DemandSignaller(
             bus,
@@ -63,29 +59,34 @@ class Proxy:
             queue_timeout=settings.queue_timeout.total_seconds(),
             monotonic=monotonic,
         )
-        self.upstream = Upstream(
+        self.tally = RequestTally(
+            activity=self.demand.activity, interval=min(1.0, settings.activity_report_interval.total_seconds())
+        )
+        self.forwarder = Forwarder(
             connections=settings.proxy_upstream_connections,
             connect_timeout=settings.proxy_connect_timeout.total_seconds(),
+            on_forward=self.tally.started,
         )
         self.watcher = RouteWatcher(bus, self, check_interval=route_check_interval)
         self.handler = ProxyHandler(
             routes=self.routes,
             queues=self.queues,
-            demand=self.demand,
-            upstream=self.upstream,
+            forwarder=self.forwarder,
+            tally=self.tally,
             routes_loaded=self.watcher.loaded,
             readiness=self._readiness,
             default_namespace=settings.namespace,
             queue_max=settings.queue_max,
             queue_timeout=settings.queue_timeout.total_seconds(),
             retry_after=settings.proxy_retry_after,
-            max_body=settings.proxy_max_request_body,
             admin_token=settings.admin_token_value(),
+            api_keys=settings.api_keys(),
+            queued_bytes_max=settings.proxy_max_queued_bytes,
             suspect_for=settings.proxy_suspect_for.total_seconds(),
             monotonic=monotonic,
         )
-        self._runner: web.ServerRunner | None = None
-        self._site: web.TCPSite | None = None
+        self.server = HttpServer(self.handler, max_body=settings.proxy_max_request_body)
+        self._started = False
 
     # --- RouteSink: the watcher's updates go to the table, then to the model's waiters ---
 
@@ -105,38 +106,12 @@ class Proxy:
     def _readiness(self) -> dict[str, bool]:
         return {"routes": self.watcher.loaded.is_set(), "watching": self.watcher.watching, "bus": self.bus.connected}
 
-    def _make_request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> web.BaseRequest:
-        return web.BaseRequest(
-            message,
-            payload,
-            protocol,
-            writer,
-            task,
-            asyncio.get_running_loop(),
-            client_max_size=self.settings.proxy_max_request_body,
-        )
-
     async def start(self) -> None:
-        await self.upstream.start()
+        self.forwarder.start()
         await self.demand.start()
         await self.watcher.start()
-        server: Any = web.Server(
-            self.handler,
-            request_factory=self._make_request,
-            handler_cancellation=True,  # a client that disconnects cancels its handler (and leaves the queue)
-            access_log=None,
-        )
-        self._runner = web.ServerRunner(server, shutdown_timeout=self.settings.proxy_shutdown_timeout.total_seconds())
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.settings.bind_host, self.settings.proxy_port, backlog=1024)
-        await self._site.start()
+        await self.server.start(self.settings.bind_host, self.settings.proxy_port, reuse_port=self.reuse_port)
+        self._started = True
         log.info(
             "proxy listening",
             extra={"host": self.settings.bind_host, "port": self.port, "instance": self.instance_id},
@@ -144,9 +119,7 @@ class Proxy:
 
     @property
     def port(self) -> int:
-        if self._runner is None:
-            raise RuntimeError("the proxy is not started")
-        return int(self._runner.addresses[0][1])
+        return self.server.port
 
     async def wait_ready(self) -> None:
         """Until the route snapshot is loaded (bound it with ``asyncio.timeout``)."""
@@ -154,17 +127,18 @@ class Proxy:
 
     async def stop(self) -> None:
         self.handler.shutting_down = True
-        if self._site is not None:
-            await self._site.stop()  # no new connections
-            self._site = None
+        if self._started:
+            self.server.stop_listening()  # no new connections
         waiting = self.queues.total()
         self.queues.fail_all(shutting_down())
-        if self._runner is not None:
+        if self._started:
             log.info("draining in-flight requests", extra={"answered_shutting_down": waiting})
-            await self._runner.cleanup()  # closes idle connections, waits for in-flight ones (bounded)
-            self._runner = None
+            await self.server.close(grace=self.settings.proxy_shutdown_timeout.total_seconds())
+            self._started = False
+        await self.handler.cancel_waits()
+        self.tally.stop()
         await self.watcher.stop()
         await self.demand.flush(within=1.0)
         await self.demand.stop()
-        await self.upstream.close()
+        await self.forwarder.close()
         log.info("proxy stopped")

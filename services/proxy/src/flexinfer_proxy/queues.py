@@ -63,6 +63,8 @@ class ModelQueues:
         self._monotonic = monotonic
         self._queues: dict[ModelKey, WaitQueue[asyncio.Future[Route]]] = {}
         self._timers: dict[ModelKey, asyncio.TimerHandle] = {}
+        #: Bytes held by all waiting requests (their bodies), for the proxy's queued-bytes limit.
+        self.held_bytes = 0
 
     def length(self, key: ModelKey) -> int:
         queue = self._queues.get(key)
@@ -71,7 +73,8 @@ class ModelQueues:
     def total(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    def join(self, key: ModelKey) -> Slot:
+    def join(self, key: ModelKey, *, held: int = 0) -> Slot:
+        """A new waiter for ``key``; ``held``: the bytes it keeps in memory while it waits (its body)."""
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = WaitQueue()
@@ -80,7 +83,9 @@ class ModelQueues:
             loop.create_future(),
             now=self._monotonic(),
             seen_failure=failure_mark(self._route_of(key)),
+            held=held,
         )
+        self.held_bytes += held
         if key not in self._timers:
             self._arm(key, waiter.arrived_at)
         self._changed(key, len(queue), joined=True)
@@ -136,6 +141,7 @@ class ModelQueues:
         queue = self._queues.get(key)
         if queue is None or not queue.leave(waiter):
             return
+        self.held_bytes -= waiter.held
         PROXY_QUEUE_WAIT.observe(waiter.waited(self._monotonic()))
         if not waiter.payload.done():
             waiter.payload.cancel()
@@ -211,6 +217,7 @@ class ModelQueues:
             self._disarm(key)
         now = self._monotonic()
         for waiter in waiters:
+            self.held_bytes -= waiter.held
             PROXY_QUEUE_WAIT.observe(waiter.waited(now))
             if not waiter.payload.done():
                 waiter.payload.set_exception(error)

@@ -17,22 +17,41 @@ class Admission(StrEnum):
     FORWARD = "forward"
     QUEUE = "queue"
     QUEUE_FULL = "queue-full"
+    QUEUE_BYTES_FULL = "queue-bytes-full"
     SHUTTING_DOWN = "shutting-down"
 
 
-def admit(*, route: Route, queued: int, queue_max: int, shutting_down: bool) -> Admission:
+def forward_now(route: Route, queued: int) -> bool:
+    """The first rule of ``admit``, on its own for the forwarding path: a Ready model with nobody waiting."""
+    return route.ready and queued == 0
+
+
+def admit(
+    *,
+    route: Route,
+    queued: int,
+    queue_max: int,
+    shutting_down: bool,
+    held: int = 0,
+    queued_bytes: int = 0,
+    queued_bytes_max: int | None = None,
+) -> Admission:
     """Decide a new request's fate from its model's route and how many requests already wait for it.
 
     A Ready model with nobody waiting is forwarded at once. While earlier requests still wait (a drain in progress),
     a new one queues behind them, so requests reach the model in arrival order. A failed model queues too (see the
-    module docstring).
+    module docstring). A request that would wait is refused when its model's queue is full, or when the bytes it
+    holds (``held``, its body) would take the bytes held by all waiting requests (``queued_bytes``) past
+    ``queued_bytes_max``.
     """
-    if route.ready and queued == 0:
+    if forward_now(route, queued):
         return Admission.FORWARD
     if shutting_down:
         return Admission.SHUTTING_DOWN
     if queued >= queue_max:
         return Admission.QUEUE_FULL
+    if queued_bytes_max is not None and queued_bytes + held > queued_bytes_max:
+        return Admission.QUEUE_BYTES_FULL
     return Admission.QUEUE
 
 
@@ -44,6 +63,7 @@ class ConnectFailure(StrEnum):
     REQUEUE = "requeue"
     UNAVAILABLE = "unavailable"
     QUEUE_FULL = "queue-full"
+    QUEUE_BYTES_FULL = "queue-bytes-full"
     SHUTTING_DOWN = "shutting-down"
 
 
@@ -56,6 +76,9 @@ def after_connect_failure(
     queue_max: int,
     shutting_down: bool,
     max_requeues: int = MAX_REQUEUES,
+    held: int = 0,
+    queued_bytes: int = 0,
+    queued_bytes_max: int | None = None,
 ) -> ConnectFailure:
     """What to do with a request whose forward failed before any answer (the retries of ``retry_safe`` done).
 
@@ -70,6 +93,8 @@ def after_connect_failure(
         return ConnectFailure.SHUTTING_DOWN
     if queued >= queue_max:
         return ConnectFailure.QUEUE_FULL
+    if queued_bytes_max is not None and queued_bytes + held > queued_bytes_max:
+        return ConnectFailure.QUEUE_BYTES_FULL
     return ConnectFailure.REQUEUE
 
 

@@ -19,6 +19,10 @@ class ErrorCode(StrEnum):
     ROUTES_UNAVAILABLE = "routes_unavailable"
     DEMAND_UNAVAILABLE = "demand_unavailable"
     BODY_TOO_LARGE = "body_too_large"
+    QUEUE_BYTES_FULL = "queue_bytes_full"
+    URI_TOO_LONG = "uri_too_long"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    UNSUPPORTED_TRANSFER_ENCODING = "unsupported_transfer_encoding"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNAUTHORIZED = "unauthorized"
@@ -140,6 +144,36 @@ def body_too_large(limit: int) -> ProxyError:
     return ProxyError(413, ErrorCode.BODY_TOO_LARGE, f"request body is larger than {limit} bytes")
 
 
+def queue_bytes_full(limit: int, retry_after: int) -> ProxyError:
+    return ProxyError(
+        429,
+        ErrorCode.QUEUE_BYTES_FULL,
+        f"the proxy holds too many bytes of waiting requests (limit {limit}); retry later",
+        retry_after=retry_after,
+    )
+
+
+def uri_too_long(limit: int) -> ProxyError:
+    return ProxyError(414, ErrorCode.URI_TOO_LONG, f"the request target is longer than {limit} bytes")
+
+
+def headers_too_large(count: int, total: int) -> ProxyError:
+    return ProxyError(
+        431,
+        ErrorCode.HEADERS_TOO_LARGE,
+        f"the request headers are too large (at most {count} headers and {total} bytes in all)",
+    )
+
+
+def unsupported_transfer_encoding(value: str) -> ProxyError:
+    return ProxyError(
+        501,
+        ErrorCode.UNSUPPORTED_TRANSFER_ENCODING,
+        f"Transfer-Encoding {value!r} is not supported (only chunked)",
+        type_=ErrorType.INVALID_REQUEST,
+    )
+
+
 def path_not_found(path: str) -> ProxyError:
     return ProxyError(404, ErrorCode.NOT_FOUND, f"no such path: {path}")
 
@@ -150,6 +184,14 @@ def method_not_allowed(method: str, path: str) -> ProxyError:
 
 def unauthorized() -> ProxyError:
     return ProxyError(401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
+
+
+def invalid_api_key() -> ProxyError:
+    return ProxyError(
+        401,
+        ErrorCode.UNAUTHORIZED,
+        "missing or wrong API key: send Authorization: Bearer <key> (FLEXINFER_PROXY_API_KEYS)",
+    )
 
 
 def internal_error() -> ProxyError:

@@ -20,6 +20,8 @@ class Waiter(Generic[T]):
     released: bool = False
     #: A failure the model's route already announced when this waiter joined (see ``admission.fails_waiter``).
     seen_failure: tuple[str, int] | None = None
+    #: Bytes the waiting request holds in memory (its body): they count towards the proxy's queued-bytes limit.
+    held: int = 0
 
     def waited(self, now: float) -> float:
         return max(0.0, now - self.arrived_at)
@@ -39,8 +41,8 @@ class WaitQueue(Generic[T]):
     def __contains__(self, waiter: object) -> bool:
         return waiter in self._waiters
 
-    def join(self, payload: T, *, now: float, seen_failure: tuple[str, int] | None = None) -> Waiter[T]:
-        waiter = Waiter(payload, now, seen_failure=seen_failure)
+    def join(self, payload: T, *, now: float, seen_failure: tuple[str, int] | None = None, held: int = 0) -> Waiter[T]:
+        waiter = Waiter(payload, now, seen_failure=seen_failure, held=held)
         self._waiters[waiter] = None
         return waiter
 

@@ -6,7 +6,11 @@ The body is parsed once, only to find ``model``; the original bytes are what get
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import json.scanner
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -29,14 +33,28 @@ HOP_BY_HOP = frozenset(
 )
 
 
+#: The JSON module's own scanner (C): one value from a position, as ``json.loads`` reads it.
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (typeshed has it wrong)
+
+
 def model_of(body: bytes) -> str:
     """The ``model`` field of a JSON request body; raise ProxyError 400 when there is none."""
     if not body:
         raise invalid_request("the request body is empty; expected a JSON object with a 'model' field")
+    parsed: object = None
     try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+        # The usual body, a UTF-8 object with nothing after it, goes straight to the scanner ...
+        text = body.decode()
+        value, end = _scan_json(text, 0)
+        if end == len(text) or not text[end:].strip(" \t\n\r"):
+            parsed = value
+    except (ValueError, UnicodeDecodeError, StopIteration):
+        pass
+    if parsed is None:
+        try:  # ... anything else is read by json.loads (UTF-16/32, surrounding whitespace), or refused as it says
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise invalid_request("the request body must be a JSON object with a 'model' field")
     model = parsed.get("model")
@@ -45,46 +63,95 @@ def model_of(body: bytes) -> str:
     return model.strip()
 
 
-def connection_tokens(connection_header: str | None) -> frozenset[str]:
-    """Header names listed in ``Connection`` (they are hop-by-hop too)."""
-    if not connection_header:
-        return frozenset()
-    return frozenset(t.strip().lower() for t in connection_header.split(",") if t.strip())
+def prefixed_target(raw_target: str) -> tuple[str, str, str] | None:
+    """``/ns/model/rest?q`` -> ``("ns", "model", "/rest?q")``, all still encoded as sent; None without a model."""
+    path, sep, query = raw_target.partition("?")
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[0] != "" or not parts[1] or not parts[2]:
+        return None
+    rest = "/" + parts[3] if len(parts) == 4 else "/"
+    return parts[1], parts[2], rest + sep + query
 
 
-def forwardable(headers: Iterable[tuple[str, str]], *, drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """The end-to-end headers of a message: hop-by-hop ones, ``proxy-*`` and the names in ``drop`` removed.
+class ApiKeys:
+    """The data plane's API keys (``FLEXINFER_PROXY_API_KEYS``), kept only as SHA-256 digests.
 
-    ``drop`` holds lower-case names (e.g. ``host``, ``content-length``, and ``connection_tokens(...)``).
+    ``allows`` compares the digest of the presented key with every known one, all of them every time and each in
+    constant time (``hmac.compare_digest`` on equal-length digests), so neither a key's content nor its length nor
+    which key matched shows in the answer time.
     """
-    kept = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in drop or lower.startswith("proxy-"):
-            continue
-        kept.append((name, value))
-    return kept
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+        if not self._digests:
+            raise ValueError("no API keys given")
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._digests)} keys)"
+
+    def allows(self, authorization: bytes | None) -> bool:
+        """Whether an ``Authorization`` header value carries one of the keys as a bearer token."""
+        if authorization is None:
+            return False
+        scheme, _, token = authorization.strip().partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        matched = False
+        for known in self._digests:
+            matched |= hmac.compare_digest(digest, known)
+        return matched and scheme.lower() == b"bearer"
 
 
 _HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+#: Request fields the proxy reads and never forwards (lower-case): the hop-by-hop ones, ``Host`` and the body's
+#: framing (the proxy sets them itself), and ``Expect`` (the proxy answers ``100-continue`` itself). ``Proxy-*``
+#: fields are not forwarded either, nor those named in ``Connection``.
+NOT_FORWARDED = _HOP_BY_HOP_RAW | {b"host", b"content-length", b"expect"}
+#: ``Connection`` values that name no other field.
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 
 
 def raw_connection_tokens(connection_header: bytes) -> frozenset[bytes]:
-    """``connection_tokens`` for raw (bytes) headers."""
+    """The field names listed in a ``Connection`` value (lower-case): hop-by-hop too."""
     return frozenset(t.strip().lower() for t in connection_header.split(b",") if t.strip())
 
 
-def forwardable_raw(
-    headers: Iterable[tuple[bytes, bytes]], *, drop: frozenset[bytes] = frozenset()
-) -> list[tuple[bytes, bytes]]:
-    """``forwardable`` for raw (bytes) headers, as they come off the wire: the hot path never decodes them."""
-    kept = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower in _HOP_BY_HOP_RAW or lower in drop or lower.startswith(b"proxy-"):
+# An answer's hop-by-hop fields, as whole lines of the lower-cased head (the proxy's parser refused anything but CRLF
+# line endings and plain ``name:`` fields, so a line match is a field match).
+_HOP_LINE = re.compile(rb"\r\n(connection|keep-alive|proxy-[^:\r]*|te|trailer|upgrade|transfer-encoding):([^\r]*)")
+
+
+def relayed_head(
+    head: bytes, extra: Iterable[tuple[bytes, bytes]] = (), *, keep_framing: bool = True, close: bool = False
+) -> bytes:
+    """A model's answer head (status line to blank line, as received) as the client gets it: hop-by-hop fields and
+    those named in ``Connection`` removed (``Transfer-Encoding`` too unless ``keep_framing``: the body is relayed
+    with its chunk framing), ``extra`` fields added, and ``Connection: close`` when the client's connection ends with
+    this answer."""
+    lower = head.lower()
+    kept: list[bytes] = []
+    cut = 0
+    listed: frozenset[bytes] = frozenset()
+    for match in _HOP_LINE.finditer(lower):
+        name = match.group(1)
+        if name == b"transfer-encoding" and keep_framing:
             continue
-        kept.append((name, value))
-    return kept
+        if name == b"connection" and match.group(2).strip() not in _PLAIN_CONNECTION:
+            listed |= raw_connection_tokens(match.group(2)) - _PLAIN_CONNECTION
+        kept.append(head[cut : match.start()])
+        cut = match.end()
+    stripped = b"".join(kept) + head[cut:] if kept else head
+    if listed:  # (rare: a Connection field naming other fields)
+        names = b"|".join(re.escape(name) for name in sorted(listed))
+        stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
+    if not extra and not close:
+        return stripped
+    lines = [stripped[:-2]]
+    for name, value in extra:
+        lines += (name, b": ", value, b"\r\n")
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,8 @@ class RouteTable:
         self._by_name: dict[str, dict[str, ModelKey]] = {}
         self._by_label: dict[str, set[ModelKey]] = {}
         self._suspected: dict[ModelKey, Route] = {}  # key -> its route from the KV, while ``suspect`` replaces it
+        #: Counts every change, so a resolution cached at one version is known to be stale at another.
+        self.version = 0
         for route in routes:
             self.put(route)
 
@@ -103,6 +105,7 @@ class RouteTable:
         return True
 
     def _store(self, key: ModelKey, route: Route) -> None:
+        self.version += 1
         self._unindex(key)
         self._routes[key] = route
         self._by_name.setdefault(route.name, {})[route.namespace] = key
@@ -111,6 +114,7 @@ class RouteTable:
 
     def remove(self, key: ModelKey) -> Route | None:
         """Forget a model; return the route it had."""
+        self.version += 1
         self._suspected.pop(key, None)
         route = self._unindex(key)
         self._routes.pop(key, None)

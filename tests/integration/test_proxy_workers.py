@@ -1,0 +1,130 @@
+"""``FLEXINFER_PROXY_WORKERS=2``: two worker processes on one port, each its own demand source, metrics summed over
+both, and a graceful stop of all of them on SIGTERM. Runs the real ``python -m flexinfer_proxy``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flexinfer_common import subjects
+from flexinfer_common.bus import Bus
+from flexinfer_common.embedded import free_port
+from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.messages import Demand, Route
+from flexinfer_fake_model.server import FakeModelConfig, build_app
+from tests.integration.test_proxy_service import serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+def route(endpoint: str | None) -> Route:
+    ready = endpoint is not None
+    return Route(
+        namespace="default",
+        name="m1",
+        ready=ready,
+        endpoint=endpoint,
+        phase=ModelPhase.READY if ready else ModelPhase.IDLE,
+        state=SharedState.ACTIVE if ready else SharedState.PARKED,
+        updated_at=datetime.now(UTC),
+    )
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+async def until(check: Any, *, within: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def workers(clean_nats: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLEXINFER_NATS_URL": clean_nats,
+        "FLEXINFER_BIND_HOST": "127.0.0.1",
+        "FLEXINFER_PROXY_PORT": str(port),
+        "FLEXINFER_PROXY_WORKERS": "2",
+        "FLEXINFER_INSTANCE_ID": "proxy-pair",
+        "FLEXINFER_QUEUE_TIMEOUT": "20s",
+        "FLEXINFER_LOG_LEVEL": "WARNING",
+    }
+    log = (tmp_path / "proxy.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "flexinfer_proxy"], env=env, stdout=log, stderr=log)
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def test_two_workers_share_the_port_and_each_signals_its_own_demand(
+    workers: tuple[subprocess.Popen[bytes], str], bus: Bus
+) -> None:
+    proc, base = workers
+    demands: list[Demand] = []
+
+    async def on_demand(msg: Any) -> None:
+        demands.append(Demand.model_validate_json(msg.data))
+
+    await bus.nc.subscribe(subjects.DEMAND_PREFIX + ".>", cb=on_demand)
+    kv = await bus.routes()
+    await kv.put(subjects.route_key("default", "m1"), route(None).to_bytes())
+
+    async def ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(base + "/readyz") as resp:
+                return resp.status == 200 and len(children(proc.pid)) == 2
+        except aiohttp.ClientError:
+            return False
+
+    await until(ready)
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    sessions: list[aiohttp.ClientSession] = []
+    waiting: list[asyncio.Task[aiohttp.ClientResponse]] = []
+    try:
+        # One connection per request: the kernel spreads new connections over the workers (once both listen).
+        while {d.source for d in demands if d.queued > 0} != {"proxy-pair-w0", "proxy-pair-w1"}:
+            assert len(sessions) < 200, f"demand came only from {sorted({d.source for d in demands})}"
+            sessions.append(session := aiohttp.ClientSession())
+            waiting.append(asyncio.create_task(session.post(base + "/v1/chat/completions", json=body)))
+            await asyncio.sleep(0.05)
+        async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as model:
+            await kv.put(subjects.route_key("default", "m1"), route(model).to_bytes())
+            for resp in await asyncio.gather(*waiting):
+                assert resp.status == 200
+                assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
+                resp.release()
+            expected = f'flexinfer_proxy_requests_total{{code="200",model="m1",namespace="default"}} {len(waiting)}.0'
+
+            async def counted_over_both() -> bool:
+                async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as resp:
+                    return expected in await resp.text()
+
+            await until(counted_over_both, within=10)
+    finally:
+        for session in sessions:
+            await session.close()
+
+    pids = children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(proc.wait, 30) == 0
+    alive = await asyncio.to_thread(lambda: [pid for pid in pids if Path(f"/proc/{pid}").exists()])
+    assert alive == [], "every worker stopped"

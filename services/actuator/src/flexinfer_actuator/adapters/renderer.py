@@ -55,6 +55,16 @@ def _flash_identity(deployment: Object) -> str | None:
     return None
 
 
+def _flash_nodes(deployment: Object) -> set[str]:
+    """The nodes a rendered Deployment says hold a tmpfs copy of its model."""
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    try:
+        nodes = json.loads(annotations.get(ANNOTATION_FLASH_NODES, "[]"))
+    except ValueError:
+        return set()
+    return {str(n) for n in nodes} if isinstance(nodes, list) else set()
+
+
 def _ours(obj: Object) -> str | None:
     """The Model a rendered object belongs to (its label), if FlexInfer rendered it."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -91,6 +101,7 @@ class WorkloadRenderer:
         self._wake = asyncio.Event()
         self._worker = Background("renderer", self._run)
         self._noted: dict[tuple[str, str], str] = {}  # what was last said about a model (one Event per news)
+        self._flash_nodes: dict[tuple[str, str], set[str]] = {}  # nodes holding a model's tmpfs copy
         models.on_change(self._model_changed)
         deployments.on_change(self._workload_changed)
         services.on_change(self._workload_changed)
@@ -120,7 +131,12 @@ class WorkloadRenderer:
     def _workload_changed(self, _: str, obj: Object) -> None:
         model = _ours(obj)
         if model is not None:
-            self._mark((object_key(obj)[0], model))
+            key = (object_key(obj)[0], model)
+            if "template" in (obj.get("spec") or {}):  # a Deployment (list items carry no kind)
+                # Remembered here, not read at cleanup time: the Model's and the Deployment's deletions come on two
+                # watches, in either order.
+                self._flash_nodes.setdefault(key, set()).update(_flash_nodes(obj))
+            self._mark(key)
 
     def _pod_changed(self, _: str, obj: Object) -> None:
         model = _ours(obj)
@@ -240,9 +256,8 @@ class WorkloadRenderer:
         deployment = self.deployments.get(namespace, name)
         if deployment is None:
             return
-        annotations = (deployment.get("metadata") or {}).get("annotations") or {}
-        known = set(json.loads(annotations.get(ANNOTATION_FLASH_NODES, "[]")))
-        nodes = set(known)
+        known = _flash_nodes(deployment)
+        nodes = known | self._flash_nodes.get((namespace, name), set())
         for (ns, _), pod in self.pods.cache.items():
             if ns == namespace and _ours(pod) == name and (pod.get("spec") or {}).get("nodeName"):
                 nodes.add(str(pod["spec"]["nodeName"]))
@@ -253,12 +268,8 @@ class WorkloadRenderer:
     def _clean_up_after(self, key: tuple[str, str], deployment: Object | None = None) -> None:
         """The Model is gone (its Deployment and Service follow by garbage collection), or its source changed:
         remove its tmpfs copies from the nodes it ran on."""
-        deployment = deployment or self.deployments.get(*key)
-        if deployment is None:
-            return
-        annotations = (deployment.get("metadata") or {}).get("annotations") or {}
-        nodes = json.loads(annotations.get(ANNOTATION_FLASH_NODES, "[]"))
-        for node in nodes:
+        nodes = self._flash_nodes.pop(key, set()) | (_flash_nodes(deployment) if deployment else set())
+        for node in sorted(nodes):
             job = cleanup_job(
                 namespace=key[0],
                 model=key[1],

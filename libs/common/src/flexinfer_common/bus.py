@@ -54,6 +54,8 @@ def _stream(name: str, subject: str | list[str], max_age: timedelta, **extra: An
 
 STREAMS: tuple[StreamConfig, ...] = (
     _stream(subjects.DEMAND_STREAM, subjects.DEMAND_PREFIX + ".>", timedelta(hours=1)),
+    # The latest in-flight counts of each proxy (a new scheduler leader reads the present, not the history).
+    _stream(subjects.IN_FLIGHT_STREAM, subjects.IN_FLIGHT_PREFIX + ".>", timedelta(minutes=10), max_msgs_per_subject=1),
     _stream(subjects.COMMAND_STREAM, subjects.COMMAND_PREFIX + ".>", timedelta(hours=1)),
     _stream(
         subjects.RUNTIME_STATUS_STREAM,

@@ -4,22 +4,30 @@ record demand and actuator reports, and keep the admin API's manifests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import defer
 
-from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
+from flexinfer_common.db import (
+    DemandSignalRow,
+    GroupRow,
+    InFlightRow,
+    LeaseRow,
+    ModelRow,
+    ProcessedMessageRow,
+    SwapRow,
+)
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
 from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
+from flexinfer_scheduler.ports import StoredStatus, World, changes_of
 
 SOLO_PREFIX = "solo."
 
@@ -60,22 +68,6 @@ API_ORIGIN = Origin("api")
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
 
-@dataclass(frozen=True)
-class World:
-    """Everything one election pass reads."""
-
-    groups: list[GroupSnapshot]
-    models: dict[ModelKey, ModelRow]
-    group_rows: dict[str, GroupRow]
-    by_name: dict[str, GroupSnapshot] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.by_name.update((g.name, g) for g in self.groups)
-
-    def group(self, name: str) -> GroupSnapshot | None:
-        return self.by_name.get(name)
-
-
 def _key(row: ModelRow) -> ModelKey:
     return ModelKey(row.namespace, row.name)
 
@@ -88,13 +80,17 @@ class SpecFacts:
     idle_timeout: timedelta | None
     force_promotion: bool
     service_labels: tuple[str, ...]
+    max_wait: timedelta | None
 
     model: Model
 
     def runtime(self, namespace: str, name: str) -> RuntimeSpec:
-        """What the actuator needs to run the model."""
+        """What the actuator needs to run the model (built once per spec generation)."""
+        cached: RuntimeSpec | None = self.__dict__.get("_runtime")
+        if cached is not None:
+            return cached
         spec = self.model.spec
-        return RuntimeSpec(
+        runtime = RuntimeSpec(
             namespace=namespace,
             name=name,
             deployment=spec.deployment or name,
@@ -105,6 +101,8 @@ class SpecFacts:
             park_strategy=spec.gpu.park_strategy,
             rendered=spec.deployment is None,
         )
+        object.__setattr__(self, "_runtime", runtime)
+        return runtime
 
 
 def spec_facts(manifest: dict[str, Any]) -> SpecFacts:
@@ -115,14 +113,16 @@ def spec_facts(manifest: dict[str, Any]) -> SpecFacts:
         spec.serverless.idle_timeout,
         spec.gpu.force_promotion,
         tuple(spec.service_labels),
+        spec.gpu.max_wait,
         model,
     )
 
 
-def member_from_row(row: ModelRow, queued: int, facts: SpecFacts | None = None) -> Member:
-    facts = facts or spec_facts(row.manifest)
+def member_from_row(row: Any, queued: int, facts: SpecFacts, in_flight: int = 0) -> Member:
+    """A member from a ``models`` row (an ORM row, or a Core row of the same columns)."""
+    key = ModelKey(row.namespace, row.name)
     return Member(
-        key=_key(row),
+        key=key,
         priority=row.priority,
         last_active_time=row.last_active_time,
         preempted_at=row.preempted_at,
@@ -142,7 +142,13 @@ def member_from_row(row: ModelRow, queued: int, facts: SpecFacts | None = None) 
         ready_since=row.ready_since,
         idle_parked_at=row.idle_parked_at,
         failed_at=row.failed_at,
+        demand_since=row.demand_since,
         queued=queued,
+        in_flight=in_flight,
+        max_wait=facts.max_wait,
+        service_labels=facts.service_labels,
+        observed_generation=row.observed_generation,
+        runtime_spec=facts.runtime(key.namespace, key.name),
     )
 
 
@@ -190,18 +196,19 @@ class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
         self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
+        self._known_groups: set[str] = set()  # groups with a row (else a plan creates it)
 
-    def spec_facts(self, row: ModelRow) -> SpecFacts:
+    def spec_facts(self, row: Any) -> SpecFacts:
         """The parsed spec of a row loaded by ``load_world`` (cached per spec generation)."""
-        cached = self._facts.get(_key(row))
+        cached = self._facts.get(ModelKey(row.namespace, row.name))
         if cached is None or cached[0] != row.spec_generation:
             raise LookupError(f"spec of {row.namespace}/{row.name} generation {row.spec_generation} not loaded")
         return cached[1]
 
-    async def _load_specs(self, session: AsyncSession, rows: Sequence[ModelRow]) -> None:
+    async def _load_specs(self, session: AsyncSession, rows: Sequence[Any]) -> None:
         """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read
         on every pass: at 10,000 models decoding it was a fifth of a pass)."""
-        stale = [r for r in rows if self._facts.get(_key(r), (None,))[0] != r.spec_generation]
+        stale = [r for r in rows if self._facts.get(ModelKey(r.namespace, r.name), (None,))[0] != r.spec_generation]
         for start in range(0, len(stale), 1000):
             chunk = stale[start : start + 1000]
             keys = [(r.namespace, r.name) for r in chunk]
@@ -215,11 +222,20 @@ class Store:
 
     # ---- the election's snapshot -------------------------------------------------------------------------
     async def load_world(
-        self, now: datetime, demand_window: timedelta, groups_only: set[str] | None = None
+        self,
+        now: datetime,
+        demand_window: timedelta,
+        groups_only: set[str] | None = None,
+        *,
+        in_flight_ttl: timedelta = timedelta(seconds=5),
     ) -> tuple[World, bool]:
         """Load every group, or only ``groups_only`` (an event touched them). Returns (world, leases_ok): a
-        lease read error fails open (no leases)."""
-        model_query = select(ModelRow).options(defer(ModelRow.manifest, raiseload=True))
+        lease read error fails open (no leases).
+
+        Plain column queries, not ORM objects: building 10,000 ORM rows was most of a full pass.
+        """
+        models = cast(Table, ModelRow.__table__)
+        model_query = select(*(c for c in models.c if c.name != "manifest"))
         group_query = select(GroupRow)
         swap_query = select(SwapRow).where(SwapRow.phase.in_(ACTIVE_SWAP_PHASES))
         demand_query = (
@@ -227,29 +243,44 @@ class Store:
             .where(DemandSignalRow.time >= now - demand_window)
             .group_by(DemandSignalRow.namespace, DemandSignalRow.name)
         )
+        in_flight_query = (
+            select(InFlightRow.namespace, InFlightRow.name, func.sum(InFlightRow.count))
+            .where(InFlightRow.time >= now - in_flight_ttl)
+            .group_by(InFlightRow.namespace, InFlightRow.name)
+        )
         if groups_only is not None:
             names = sorted(groups_only)
-            model_query = model_query.where(ModelRow.group_name.in_(names))
+            model_query = model_query.where(models.c.group_name.in_(names))
             group_query = group_query.where(GroupRow.name.in_(names))
             swap_query = swap_query.where(SwapRow.group_name.in_(names))
             demand_query = demand_query.join(
                 ModelRow, (ModelRow.namespace == DemandSignalRow.namespace) & (ModelRow.name == DemandSignalRow.name)
             ).where(ModelRow.group_name.in_(names))
+            in_flight_query = in_flight_query.join(
+                ModelRow, (ModelRow.namespace == InFlightRow.namespace) & (ModelRow.name == InFlightRow.name)
+            ).where(ModelRow.group_name.in_(names))
         async with self.sessions() as session:
-            models = list((await session.scalars(model_query)).all())
-            await self._load_specs(session, models)
+            rows = list((await session.execute(model_query)).all())
+            await self._load_specs(session, rows)
             groups = {g.name: g for g in (await session.scalars(group_query)).all()}
             swaps = {s.group_name: s for s in (await session.scalars(swap_query)).all()}
             queued = {ModelKey(ns, name): int(total or 0) for ns, name, total in await session.execute(demand_query)}
+            in_flight = {
+                ModelKey(ns, name): int(total or 0) for ns, name, total in await session.execute(in_flight_query)
+            }
         leases_ok = True
         try:
             leases = await self.load_leases(now)
         except Exception:
             leases, leases_ok = {}, False
-        by_group: dict[str, list[ModelRow]] = {}
-        for row in models:
+        by_group: dict[str, list[Member]] = {}
+        statuses: dict[ModelKey, StoredStatus] = {}
+        for row in rows:
+            key = ModelKey(row.namespace, row.name)
+            statuses[key] = StoredStatus(row.phase, row.shared_state, row.queue_position, row.preempted_by, row.message)
             if row.group_name:
-                by_group.setdefault(row.group_name, []).append(row)
+                member = member_from_row(row, queued.get(key, 0), self.spec_facts(row), in_flight.get(key, 0))
+                by_group.setdefault(row.group_name, []).append(member)
         snapshots = []
         for name in sorted(set(by_group) | set(groups)):
             group = groups.get(name)
@@ -258,9 +289,7 @@ class Store:
             snapshots.append(
                 GroupSnapshot(
                     name=name,
-                    members=tuple(
-                        member_from_row(r, queued.get(_key(r), 0), self.spec_facts(r)) for r in by_group.get(name, [])
-                    ),
+                    members=tuple(by_group.get(name, [])),
                     policy=policy,
                     v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
                     active=ModelKey(group.active_namespace, group.active_name)
@@ -271,7 +300,8 @@ class Store:
                     lease=leases.get(name),
                 )
             )
-        return World(snapshots, {_key(r): r for r in models}, groups), leases_ok
+        self._known_groups.update(n for n in groups)
+        return World(snapshots, statuses), leases_ok
 
     async def group_names(self) -> list[str]:
         async with self.sessions() as session:
@@ -292,9 +322,7 @@ class Store:
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
         """Write what the plans changed, and only that, in one transaction (a quiet system writes nothing).
 
-        Rows are written in bulk (one executemany per statement shape). The rows in ``world.models`` are
-        updated in place, so the caller publishes what was written.
-        """
+        Rows are written in bulk (one executemany per statement shape)."""
         group_values: list[dict[str, Any]] = []
         model_values: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         swap_values: list[dict[str, Any]] = []
@@ -302,7 +330,7 @@ class Store:
             snapshot = world.group(plan.group)
             before = (
                 (snapshot.active, snapshot.leader_since, snapshot.swap.id if snapshot.swap else None)
-                if snapshot is not None and plan.group in world.group_rows
+                if snapshot is not None and plan.group in self._known_groups
                 else None
             )
             if before != (plan.active, plan.leader_since, plan.swap_id):
@@ -316,25 +344,7 @@ class Store:
                         "updated_at": now,
                     }
                 )
-            for key in set(plan.member_updates) | set(plan.statuses):
-                row = world.models.get(key)
-                if row is None:
-                    continue
-                values = {k: getattr(v, "value", v) for k, v in plan.member_updates.get(key, {}).items()}
-                view = plan.statuses.get(key)
-                if view is not None:
-                    values.update(
-                        phase=view.phase.value,
-                        shared_state=view.state.value,
-                        queue_position=view.queue_position,
-                        preempted_by=view.preempted_by,
-                        message=view.message,
-                    )
-                changed = {k: v for k, v in values.items() if getattr(row, k) != v}
-                if not changed:
-                    continue
-                for k, v in changed.items():
-                    setattr(row, k, v)
+            for key, changed in changes_of(plan, world).items():
                 changed.update(updated_at=now, b_namespace=key.namespace, b_name=key.name)
                 model_values.setdefault(tuple(sorted(changed)), []).append(changed)
             for u in plan.swap_updates:
@@ -370,6 +380,7 @@ class Store:
                 )
                 await conn.execute(by_key, rows)
             await _upsert(session, SwapRow, "id", swap_values)
+        self._known_groups.update(v["name"] for v in group_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(
@@ -434,6 +445,45 @@ class Store:
             )
             return group
 
+    async def record_in_flight(self, *, source: str, counts: Mapping[ModelKey, int], when: datetime) -> set[str]:
+        """A proxy's complete in-flight counts: store them, drop the models it no longer names. Returns the groups
+        of the models whose count fell to zero (a drain waiting for them may be over)."""
+        async with self.sessions.begin() as session:
+            gone = (
+                await session.execute(
+                    delete(InFlightRow)
+                    .where(
+                        InFlightRow.source == source,
+                        InFlightRow.time <= when,
+                        tuple_(InFlightRow.namespace, InFlightRow.name).not_in(list(counts))
+                        if counts
+                        else text("true"),
+                    )
+                    .returning(InFlightRow.namespace, InFlightRow.name)
+                )
+            ).all()
+            if counts:
+                stmt = insert(InFlightRow)
+                await session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[InFlightRow.namespace, InFlightRow.name, InFlightRow.source],
+                        set_={"count": stmt.excluded.count, "time": stmt.excluded.time},
+                        where=InFlightRow.time <= stmt.excluded.time,
+                    ),
+                    [
+                        {"namespace": k.namespace, "name": k.name, "source": source, "count": n, "time": when}
+                        for k, n in counts.items()
+                    ],
+                )
+            if not gone:
+                return set()
+            result = await session.execute(
+                select(ModelRow.group_name).where(
+                    tuple_(ModelRow.namespace, ModelRow.name).in_([tuple(g) for g in gone])
+                )
+            )
+            return {name for (name,) in result if name}
+
     async def forget_runtime(self) -> int:
         """An actuator restarted: what it ran is unknown until it reports again; re-issue every command."""
         async with self.sessions.begin() as session:
@@ -454,6 +504,7 @@ class Store:
         async with self.sessions.begin() as session:
             await session.execute(delete(ProcessedMessageRow).where(ProcessedMessageRow.processed_at < now - keep))
             await session.execute(delete(DemandSignalRow).where(DemandSignalRow.time < now - keep))
+            await session.execute(delete(InFlightRow).where(InFlightRow.time < now - keep))
 
     # ---- manifests (admin API and spec sync) -------------------------------------------------------------
     async def put_model(self, model: Model, now: datetime, origin: Origin = API_ORIGIN) -> tuple[ModelRow, bool]:

@@ -5,16 +5,21 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
 2. classify: readyLeader (loaded), recentLeader (active within 5 min), demandedLeader (within the 2 min demand
    window), fallbackLeader (any), each the best by priority, then most recent ``lastActiveTime``, then name;
 3. demand preemption: the demanded model wins when the ready leader is idle and ``demandedPriority >= readyPriority``;
+   and, FlexInfer's bounded wait, when it has waited ``spec.gpu.maxWait`` (default: the demand window) with a
+   priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
 Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
 forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
 that failed to load, until a request or demand names it again (``lastActiveTime`` after the park or failure).
 
-v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests over the threshold, seen
-within the hysteresis window) sorted by priority descending, a busy incumbent among them; the incumbent keeps the
-GPU for its minimum run duration, a preempted model may not return within the cooldown after preemption, and an
-incumbent idle past the idle timeout is parked.
+v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests at or over the threshold)
+sorted by priority descending, a busy incumbent among them; a challenger counts only once its demand has persisted
+for the hysteresis window (the seed's delay: the incumbent keeps the GPU meanwhile); the incumbent keeps the GPU for
+its minimum run duration, a preempted model may not return within the cooldown after preemption, and an incumbent
+idle past the idle timeout is parked.
+
+How long a member has wanted the GPU is ``Member.demand_since``, kept by the planner (``wants_gpu`` says when).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class ElectionReason(StrEnum):
     FORCE_PROMOTION = "force-promotion"
     COOLDOWN = "cooldown"
     DEMAND = "demand"
+    MAX_WAIT = "max-wait"
+    HYSTERESIS = "hysteresis"
     READY = "ready"
     RECENT = "recent"
     FALLBACK = "fallback"
@@ -46,6 +53,14 @@ class ElectionParams:
     demand_window: timedelta = timedelta(minutes=2)
     recent_window: timedelta = timedelta(minutes=5)
     default_swap_cooldown: timedelta = timedelta(minutes=5)
+    # FlexInfer's bounded wait (``spec.gpu.maxWait``, default the demand window). Off: the seed's exact rules, where
+    # a busy incumbent is never preempted (the simulator compares the two).
+    bounded_wait: bool = True
+
+    def max_wait(self, member: Member) -> timedelta | None:
+        if not self.bounded_wait:
+            return None
+        return member.max_wait if member.max_wait is not None else self.demand_window
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,25 @@ def is_eligible(member: Member) -> bool:
     return True
 
 
+def wants_gpu(member: Member, snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> bool:
+    """Whether the member waits for the GPU (the clock of ``demand_since`` runs while this holds).
+
+    v1alpha1: its queued requests reach the threshold. v1alpha2: requests wait for it, or a demand named it within
+    the demand window. The model serving the group wants nothing: it has the GPU.
+    """
+    if member.key == snapshot.active and member.ready:
+        return False
+    if snapshot.v1alpha1 is not None:
+        return member.queued >= snapshot.v1alpha1.request_queue_threshold
+    return member.queued > 0 or (
+        member.last_active_time is not None and now - member.last_active_time <= params.demand_window
+    )
+
+
+def waited(member: Member, now: datetime) -> timedelta:
+    return now - member.demand_since if member.demand_since is not None else timedelta(0)
+
+
 def _is_idle(member: Member, now: datetime, window: timedelta) -> bool:
     return member.last_active_time is None or now - member.last_active_time > window
 
@@ -154,6 +188,21 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
         return Election(demanded.key, ElectionReason.DEMAND, expired)
+    # The bounded wait: a model of priority >= the busy leader's that has waited its maxWait takes the GPU (the
+    # longest-waiting first among equal priorities); within the bound the loaded model keeps serving.
+    if ready is not None:
+        overdue = [
+            m
+            for m in candidates
+            if m is not ready
+            and m.priority >= ready.priority
+            and m.demand_since is not None
+            and (bound := params.max_wait(m)) is not None
+            and waited(m, now) >= bound
+        ]
+        if overdue:
+            longest = min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m)))
+            return Election(longest.key, ElectionReason.MAX_WAIT, expired)
 
     # Stage 4: fallback.
     for leader, reason in (
@@ -169,14 +218,15 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
 def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alpha1Policy) -> Election:
     """The v1alpha1 GPUGroup election. Pure: reads only its arguments.
 
-    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold and the
-    demand was seen within the hysteresis window. The seed encodes the priority gate in the sort order: demanded
-    members sort by priority descending, and a busy incumbent (demanded itself, or serving a request within the
-    hysteresis window: its requests are forwarded, not queued) takes part in that sort and wins ties, so a
-    lower-priority model waits for it to go idle while a higher-priority one takes the GPU. A swap away from the
-    incumbent waits for its minimum run duration (the v1alpha1 swap cooldown) and, when the winner itself was
-    preempted, for the cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent
-    idle past the idle timeout is parked.
+    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold. The seed
+    encodes the priority gate in the sort order: demanded members sort by priority descending, and a busy incumbent
+    (demanded itself, or serving a request within the hysteresis window: its requests are forwarded, not queued)
+    takes part in that sort and wins ties, so a lower-priority model waits for it to go idle while a higher-priority
+    one takes the GPU. The winning challenger takes the GPU only once its demand has lasted the hysteresis window
+    (the incumbent holds meanwhile, whoever else is demanded, so a short burst never swaps), the incumbent's
+    minimum run duration (the v1alpha1 swap cooldown) is over, and, when the winner itself was preempted, the
+    cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent idle past the idle
+    timeout is parked.
     """
     first = _overrides_then_candidates(snapshot, now, lambda _: policy.idle_timeout)
     if isinstance(first, Election):
@@ -184,15 +234,8 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     expired, candidates = first
     active = snapshot.member(snapshot.active)
     incumbent = active if active is not None and active in candidates else None
-
-    def seen_within_hysteresis(m: Member) -> bool:
-        return m.last_active_time is not None and now - m.last_active_time <= policy.hysteresis_window
-
-    demanded = sorted(
-        (m for m in candidates if m.queued >= policy.request_queue_threshold and seen_within_hysteresis(m)),
-        key=rank,
-    )
-    if incumbent is None:
+    demanded = sorted((m for m in candidates if m.queued >= policy.request_queue_threshold), key=rank)
+    if incumbent is None:  # an empty GPU waits for nobody: no hysteresis
         if demanded:
             return Election(demanded[0].key, ElectionReason.DEMAND, expired)
         # Nothing demanded and nobody active: a member with any demand at all gets the GPU rather than nobody.
@@ -201,7 +244,9 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
             return Election(waiting.key, ElectionReason.DEMAND, expired)
         return Election(None, ElectionReason.NO_CANDIDATE, expired)
 
-    busy = incumbent in demanded or seen_within_hysteresis(incumbent)
+    busy = incumbent in demanded or (
+        incumbent.last_active_time is not None and now - incumbent.last_active_time <= policy.hysteresis_window
+    )
     contenders = sorted(
         [*demanded, *([incumbent] if busy and incumbent not in demanded else [])],
         key=lambda m: (-m.priority, m.key != incumbent.key, rank(m)),
@@ -209,6 +254,8 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     if not contenders or contenders[0].key == incumbent.key:
         return Election(incumbent.key, ElectionReason.READY, expired)
     winner = contenders[0]
+    if waited(winner, now) < policy.hysteresis_window:
+        return Election(incumbent.key, ElectionReason.HYSTERESIS, expired)
     if snapshot.leader_since is not None and now - snapshot.leader_since < policy.minimum_run_duration:
         return Election(incumbent.key, ElectionReason.MINIMUM_RUN, expired)
     if winner.preempted_at is not None and now - winner.preempted_at < policy.cooldown_after_preemption:

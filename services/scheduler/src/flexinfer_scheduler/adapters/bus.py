@@ -66,19 +66,21 @@ class AdvisoryLock:
         self.url = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
         self.lock_id = lock_id
         self._conn: asyncpg.Connection | None = None
+        self._held = False
 
     async def try_acquire(self) -> bool:
         try:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self.url, timeout=5)
-            return bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_id))
+            self._held = bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_id))
+            return self._held
         except Exception as exc:
             log.warning("cannot reach Postgres for the leader lock", extra={"error": repr(exc)})
             await self.release()
             return False
 
     async def still_held(self) -> bool:
-        if self._conn is None:
+        if self._conn is None or not self._held:
             return False
         try:
             await asyncio.wait_for(self._conn.fetchval("SELECT 1"), timeout=5)
@@ -89,7 +91,7 @@ class AdvisoryLock:
         return True
 
     async def release(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._held = self._conn, None, False
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close()

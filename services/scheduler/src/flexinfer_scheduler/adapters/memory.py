@@ -375,6 +375,7 @@ class MemoryBus:
                 return
             self._ids.add(msg_id)
         self.published.append((subject, message))
+        await self.deliver(subject, message.model_dump_json(by_alias=True).encode(), message_id=msg_id)
 
     async def consume(
         self, *, stream: str, durable: str | None, filter_subject: str, decode: Decoder[M], handler: Handler[M]

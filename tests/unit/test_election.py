@@ -53,6 +53,7 @@ def model(
         idle_parked_at=idle_parked,
         failed_at=failed,
         demand_since=None if waiting is None else NOW - waiting,
+        queued=0 if waiting is None else 1,  # requests wait for it
         max_wait=max_wait,
     )
 
@@ -370,7 +371,29 @@ BOUNDED_WAIT = [
 ]
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT)
+FALLBACK = [
+    pytest.param(
+        group(
+            model("a", priority=100, active=ago(minutes=4), idle_timeout=timedelta(minutes=3)),
+            model("b", priority=50, active=ago(minutes=30)),
+        ),
+        "b",
+        ElectionReason.FALLBACK,
+        id="fallback-skips-a-model-whose-idle-timeout-ran-out-since-it-was-asked-for",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, active=ago(minutes=2, seconds=30), idle_timeout=timedelta(minutes=3)),
+            model("b", priority=50),
+        ),
+        "a",
+        ElectionReason.RECENT,
+        id="recent-leader-still-within-its-idle-timeout",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + FALLBACK)
 def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     election = choose_shared_group_leader(snapshot, NOW, PARAMS)
     assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)

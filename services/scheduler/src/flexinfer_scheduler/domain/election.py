@@ -53,9 +53,12 @@ class ElectionParams:
     demand_window: timedelta = timedelta(minutes=2)
     recent_window: timedelta = timedelta(minutes=5)
     default_swap_cooldown: timedelta = timedelta(minutes=5)
-    # FlexInfer's bounded wait (``spec.gpu.maxWait``, default the demand window). Off: the seed's exact rules, where
-    # a busy incumbent is never preempted (the simulator compares the two).
+    # FlexInfer's refinements of the seed's rules; both off: the seed's exact rules (the simulator compares them).
+    # The bounded wait (``spec.gpu.maxWait``, default the demand window): a busy incumbent is preempted for a model
+    # of priority >= its own whose requests waited that long.
     bounded_wait: bool = True
+    # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
+    idle_aware_fallback: bool = True
 
     def max_wait(self, member: Member) -> timedelta | None:
         if not self.bounded_wait:
@@ -104,8 +107,9 @@ def idle_reference(member: Member) -> datetime | None:
     return max(times) if times else None
 
 
-def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | None) -> bool:
-    if timeout is None or not member.loaded:
+def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | None, *, loaded: bool = True) -> bool:
+    """The member went ``timeout`` without a request (``loaded=False``: would have, were it loaded now)."""
+    if timeout is None or (loaded and not member.loaded):
         return False
     since = idle_reference(member)
     return since is not None and now - since >= timeout
@@ -177,24 +181,32 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     if active is not None and active in candidates and cooldown_remaining(snapshot, now, params) > timedelta(0):
         return Election(active.key, ElectionReason.COOLDOWN, expired)
 
-    # Stage 2: classify.
+    # Stage 2: classify. A model whose idle timeout has run out since it was last asked for is no recent or
+    # fallback leader: loaded, it would be parked again at once (a load for nothing, and a swap more).
     ready = best(m for m in candidates if m.loaded)
-    recent = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    unasked = [
+        m
+        for m in candidates
+        if not params.idle_aware_fallback or m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)
+    ]
+    recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
     demanded = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.demand_window)
-    fallback = best(candidates)
+    fallback = best(unasked)
 
     # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen.
     if demanded is not None and (
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
         return Election(demanded.key, ElectionReason.DEMAND, expired)
-    # The bounded wait: a model of priority >= the busy leader's that has waited its maxWait takes the GPU (the
-    # longest-waiting first among equal priorities); within the bound the loaded model keeps serving.
+    # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
+    # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
+    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more.
     if ready is not None:
         overdue = [
             m
             for m in candidates
             if m is not ready
+            and m.queued > 0
             and m.priority >= ready.priority
             and m.demand_since is not None
             and (bound := params.max_wait(m)) is not None

@@ -200,9 +200,15 @@ def route(name: str, ready: bool) -> Route:
 async def test_bus_routes_are_created_once_then_replaced_and_deleted(bus: SchedulerBus) -> None:
     assert await bus.create_route(route("a", False))
     assert not await bus.create_route(route("a", True))
-    await bus.put_route(route("a", True))
+    assert await bus.put_routes([route("a", True), route("b", True)]) == [True, True]
     await bus.delete_route(A)
     assert await bus.create_route(route("a", False))
+
+
+async def test_bus_publishes_many_at_once_and_says_which_went_out(bus: SchedulerBus) -> None:
+    demand = Demand(model="a", namespace="default", queued=1, source="p", time=NOW)
+    items = [(f"flexinfer.demand.default.m{i}", demand, f"many-{i}") for i in range(50)]
+    assert await bus.publish_many(items) == [True] * 50  # type: ignore[arg-type]
 
 
 async def test_bus_delivers_a_message_to_its_consumer_once_per_message_id(bus: SchedulerBus) -> None:

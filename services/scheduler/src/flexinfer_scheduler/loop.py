@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
+
+from pydantic import BaseModel
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Delivery, decode_demand, decode_json
@@ -60,8 +61,9 @@ from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
 
 log = get_logger("flexinfer.scheduler")
 
-# Groups per slice of the periodic reconcile (about 1,000 models: a few tens of milliseconds).
-RECONCILE_CHUNK = 100
+# Groups per slice of the periodic reconcile (about 250 models: a few milliseconds). An event that arrives during a
+# slice waits for it to end, so a slice bounds the reaction to a demand from above.
+RECONCILE_CHUNK = 25
 
 
 @dataclass
@@ -321,12 +323,68 @@ class Scheduler:
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
         await self.store.apply_plans(world, plans, now)
-        await _bounded_gather([self._publish(plan, now) for plan in plans])
+        await self._publish(plans, now)
         if groups is None:
             await self._forget_deleted({key for plan in plans for key in plan.members})
         return PassResult(plans, elapsed)
 
-    async def _publish(self, plan: GroupPlan, now: datetime) -> None:
+    async def _publish(self, plans: list[GroupPlan], now: datetime) -> None:
+        """What the plans say to publish, in the order that keeps the proxies safe and the commands prompt: routes
+        first (a model being parked was already published not ready, in the pass that started its drain), then
+        commands, then what only observers read (statuses, the groups' status, swap events). What did not change
+        is left out before any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here);
+        the rest of each step goes out together (JetStream acks pipelined)."""
+        routes = [
+            r
+            for plan in plans
+            for k, v in plan.statuses.items()
+            if (r := self._route(plan.members[k], plan.group, v, now))
+        ]
+        if routes:
+            try:
+                written = await self.bus.put_routes([route for _, _, route in routes])
+            except Exception as exc:
+                log.warning("route publish failed; retrying next pass", extra={"error": repr(exc)})
+                written = [False] * len(routes)
+            for (key, fields, _), ok in zip(routes, written, strict=True):
+                if ok:
+                    self._routes[key] = fields
+            if not all(written):
+                log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
+        commands = [self._command(command, plan, now) for plan in plans for command in plan.commands]
+        await self._publish_all([c for c in commands if c is not None], "command")
+        statuses = [
+            u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now))
+        ]
+        groups = [g for plan in plans if (g := self._group_status(plan, now))]
+        events = [e for plan in plans for e in self._swap_events(plan, now)]
+        published = await self._publish_all(
+            [
+                *((subjects.model_status_subject(k.namespace, k.name), u, None) for k, _, u in statuses),
+                *((subjects.group_status_subject(g), u, None) for g, _, u in groups),
+                *events,
+            ],
+            "status",
+        )
+        for (key, fields, _), ok in zip(statuses, published, strict=False):
+            if ok:
+                self._statuses[key] = fields
+        for (group, fields, _), ok in zip(groups, published[len(statuses) :], strict=False):
+            if ok:
+                self._group_statuses[group] = fields
+        for plan in plans:
+            active_name = plan.active.name if plan.active else ""
+            previous = self._active_metric.get(plan.group)
+            if previous != active_name:
+                if previous:
+                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
+                if active_name:
+                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
+                self._active_metric[plan.group] = active_name
+
+    def _swap_events(self, plan: GroupPlan, now: datetime) -> list[tuple[str, BaseModel, str | None]]:
+        """The plan's swap events (and their metrics and log lines)."""
+        out: list[tuple[str, BaseModel, str | None]] = []
         for update in plan.swap_updates:
             swap = update.swap
             if update.created:
@@ -360,7 +418,7 @@ class Scheduler:
                 message=update.message,
                 time=now,
             )
-            await self._safe_publish(subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}")
+            out.append((subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}"))
             log.info(
                 kind,
                 extra={
@@ -372,29 +430,14 @@ class Scheduler:
                     "reason": swap.reason.value,
                 },
             )
-        active_name = plan.active.name if plan.active else ""
-        previous = self._active_metric.get(plan.group)
-        if previous != active_name:
-            if previous:
-                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
-            if active_name:
-                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
-            self._active_metric[plan.group] = active_name
-        for key, view in plan.statuses.items():
-            member = plan.members[key]
-            await self._publish_route(member, plan.group, view, now)
-            await self._publish_status(member, view, now)
-        await self._publish_group_status(plan, now)
-        # Commands last: a model being parked has just been published as not ready, so the proxies stop sending
-        # it new requests before it is told to stop.
-        for command in plan.commands:
-            await self._send(command, plan, now)
+        return out
 
-    async def _send(self, command: Command, plan: GroupPlan, now: datetime) -> None:
+    def _command(self, command: Command, plan: GroupPlan, now: datetime) -> tuple[str, BaseModel, str | None] | None:
+        """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
         runtime = command.runtime
         if runtime is None:
             log.error("no runtime spec for a command; not sent", extra={"model": str(command.key)})
-            return
+            return None
         if plan.drain_timeout is not None:
             runtime = runtime.model_copy(update={"drain_seconds": plan.drain_timeout.total_seconds()})
         key = command.key
@@ -417,13 +460,26 @@ class Scheduler:
                 "reissue": command.reissue,
             },
         )
-        await self._safe_publish(
-            subjects.command_subject(key.namespace, key.name),
-            message,
-            msg_id=message_id("scheduler"),
-        )
+        return subjects.command_subject(key.namespace, key.name), message, message_id("scheduler")
 
-    async def _publish_route(self, member: Member, group: str, view: StatusView, now: datetime) -> None:
+    async def _publish_all(self, items: list[tuple[str, BaseModel, str | None]], what: str) -> list[bool]:
+        """Publish together; a failure is logged (a lost command is re-sent after command_retry, a status or route
+        is published again by the next pass)."""
+        if not items:
+            return []
+        try:
+            published = await self.bus.publish_many(items)
+        except Exception as exc:
+            log.warning("publish failed", extra={"what": what, "error": repr(exc)})
+            return [False] * len(items)
+        if not all(published):
+            log.warning("publish failed", extra={"what": what, "failed": published.count(False)})
+        return published
+
+    def _route(
+        self, member: Member, group: str, view: StatusView, now: datetime
+    ) -> tuple[ModelKey, tuple[Any, ...], Route] | None:
+        """The member's route, when it differs from the one last published."""
         key = member.key
         ready = view.ready and member.desired_action == ScaleAction.ACTIVATE
         fields = (
@@ -439,7 +495,7 @@ class Scheduler:
             ready and member.runtime_message == WOKEN,
         )
         if self._routes.get(key) == fields:
-            return  # write only what changed: a quiet system publishes nothing
+            return None  # write only what changed: a quiet system publishes nothing
         route = Route(
             namespace=key.namespace,
             name=key.name,
@@ -455,13 +511,12 @@ class Scheduler:
             woken=fields[9],
             updated_at=now,
         )
-        try:
-            await self.bus.put_route(route)
-            self._routes[key] = fields
-        except Exception as exc:
-            log.warning("route publish failed; retrying next pass", extra={"model": str(key), "error": repr(exc)})
+        return key, fields, route
 
-    async def _publish_status(self, member: Member, view: StatusView, now: datetime) -> None:
+    def _status(
+        self, member: Member, view: StatusView, now: datetime
+    ) -> tuple[ModelKey, tuple[Any, ...], ModelStatusUpdate] | None:
+        """The member's status (the contract's Model status), when it differs from the one last published."""
         key = member.key
         fields = (
             view.phase,
@@ -474,7 +529,7 @@ class Scheduler:
             member.observed_generation,
         )
         if self._statuses.get(key) == fields:
-            return
+            return None
         status = ModelStatus(
             phase=view.phase,
             last_active_time=member.last_active_time,
@@ -485,19 +540,17 @@ class Scheduler:
             message=view.message,
             observed_generation=member.observed_generation,
         )
-        update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
-        await self._safe_publish(subjects.model_status_subject(key.namespace, key.name), update, None)
-        self._statuses[key] = fields
+        return key, fields, ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
 
-    async def _publish_group_status(self, plan: GroupPlan, now: datetime) -> None:
+    def _group_status(self, plan: GroupPlan, now: datetime) -> tuple[str, tuple[Any, ...], GroupStatusUpdate] | None:
         """A shared group's holder and queue (a GPUGroup's status in Kubernetes), when they changed."""
         if visible_group(plan.group) is None:
-            return
+            return None
         queue = plan.queue
         lease = (plan.lease.name, plan.lease.owner, plan.lease.acquired_at) if plan.lease else None
         fields = (plan.active, tuple(queue), lease)
         if self._group_statuses.get(plan.group) == fields:
-            return
+            return None
         update = GroupStatusUpdate(
             group=plan.group,
             active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
@@ -505,8 +558,7 @@ class Scheduler:
             lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2]) if lease else None,
             time=now,
         )
-        await self._safe_publish(subjects.group_status_subject(plan.group), update, None)
-        self._group_statuses[plan.group] = fields
+        return plan.group, fields, update
 
     async def _forget_deleted(self, present: set[ModelKey]) -> None:
         for key in [k for k in self._routes if k not in present]:
@@ -541,13 +593,6 @@ class Scheduler:
         self._routes.pop(key, None)
         self._statuses.pop(key, None)
 
-    async def _safe_publish(self, subject: str, message: Any, msg_id: str | None) -> None:
-        try:
-            await self.bus.publish(subject, message, msg_id=msg_id)
-        except Exception as exc:
-            # A lost command is re-sent by the reconcile (command_retry); routes and statuses are re-published.
-            log.warning("publish failed", extra={"subject": subject, "error": repr(exc)})
-
 
 def model_status(row: ModelRow) -> ModelStatus:
     return ModelStatus(
@@ -562,17 +607,6 @@ def model_status(row: ModelRow) -> ModelStatus:
         message=row.message,
         observed_generation=row.observed_generation,
     )
-
-
-async def _bounded_gather(coroutines: list[Coroutine[Any, Any, None]], limit: int = 64) -> None:
-    """Run publishes concurrently (JetStream acks pipeline), at most ``limit`` at a time."""
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(coroutine: Coroutine[Any, Any, None]) -> None:
-        async with semaphore:
-            await coroutine
-
-    await asyncio.gather(*(one(c) for c in coroutines))
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

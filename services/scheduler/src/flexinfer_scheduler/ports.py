@@ -136,11 +136,17 @@ class SchedulerBus(Protocol):
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
 
+    async def publish_many(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
+        """Publish (subject, message, message id) items together; True for each one published."""
+        ...
+
     async def consume(
         self, *, stream: str, durable: str | None, filter_subject: str, decode: Decoder[M], handler: Handler[M]
     ) -> Stoppable: ...
 
-    async def put_route(self, route: Route) -> None: ...
+    async def put_routes(self, routes: list[Route]) -> list[bool]:
+        """Write these routes; True for each one written."""
+        ...
 
     async def create_route(self, route: Route) -> bool:
         """Write a route only if the model has none yet; False when it had one."""

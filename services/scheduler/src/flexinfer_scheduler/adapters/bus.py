@@ -43,8 +43,16 @@ class NatsSchedulerBus:
             stream=stream, durable=durable, filter_subject=filter_subject, decode=decode, handler=handler
         )
 
-    async def put_route(self, route: Route) -> None:
-        await (await self._routes()).put(subjects.route_key(route.namespace, route.name), route.to_bytes())
+    async def publish_many(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
+        return await self.bus.publish_many(list(items))
+
+    async def put_routes(self, routes: list[Route]) -> list[bool]:
+        """A KV put is a publish on the bucket's subject: many go out together, their acks pipelined."""
+        await self._routes()  # the bucket exists
+        prefix = f"$KV.{subjects.ROUTES_BUCKET}."
+        return await self.bus.publish_many(
+            [(prefix + subjects.route_key(r.namespace, r.name), r.to_bytes(), None) for r in routes]
+        )
 
     async def create_route(self, route: Route) -> bool:
         try:

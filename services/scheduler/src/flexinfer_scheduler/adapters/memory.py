@@ -398,8 +398,23 @@ class MemoryBus:
                 return True
         return False
 
-    async def put_route(self, route: Route) -> None:
-        self.routes[ModelKey(route.namespace, route.name)] = route
+    async def publish_many(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
+        out = []
+        for subject, message, msg_id in items:
+            try:
+                await self.publish(subject, message, msg_id=msg_id)
+            except Exception:
+                out.append(False)
+            else:
+                out.append(True)
+        return out
+
+    async def put_routes(self, routes: list[Route]) -> list[bool]:
+        if self.fail_publish is not None:
+            return [False] * len(routes)
+        for route in routes:
+            self.routes[ModelKey(route.namespace, route.name)] = route
+        return [True] * len(routes)
 
     async def create_route(self, route: Route) -> bool:
         key = ModelKey(route.namespace, route.name)

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,8 +20,8 @@ from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import ModelKey
 from flexinfer_scheduler.domain.plan import plan_group
 from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore
-from tests.conftest import reset_nats
-from tests.support.servers import TestServers, create_test_database, drop_test_database
+from tests.conftest import fresh_database, reset_nats
+from tests.support.servers import TestServers
 
 pytestmark = pytest.mark.integration
 
@@ -41,19 +39,6 @@ def model(name: str, namespace: str = "default", **gpu: Any) -> Model:
             "spec": {"gpu": gpu, "serviceLabels": [f"{name}-label"], "local": {"command": ["serve", "{port}"]}},
         }
     )
-
-
-@contextlib.asynccontextmanager
-async def fresh_database(servers: TestServers) -> AsyncIterator[str]:
-    from flexinfer_common.db import upgrade_database
-
-    name = f"flexinfer_test_{uuid.uuid4().hex[:12]}"
-    url = await create_test_database(servers.database_url, name)
-    await upgrade_database(url)
-    try:
-        yield url
-    finally:
-        await drop_test_database(servers.database_url, name)
 
 
 @pytest.fixture(params=["memory", "postgres"])

@@ -24,7 +24,9 @@ from flexinfer_scheduler.settings import SchedulerSettings
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
-pytestmark = pytest.mark.looptime
+# A loop of their own: looptime fast-forwards only while no real I/O is pending, and the session loop of the
+# integration tests may still hold sockets.
+pytestmark = [pytest.mark.looptime, pytest.mark.asyncio(loop_scope="function")]
 
 
 class LoopClock:

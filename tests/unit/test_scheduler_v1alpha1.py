@@ -9,6 +9,7 @@ models sorted by priority descending, a GPU lease beats everything, forcePromoti
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -476,3 +477,28 @@ def test_a_swap_starts_the_preemption_cooldown_and_the_minimum_run() -> None:
     assert elected(29) == ("b", ElectionReason.MINIMUM_RUN)
     assert elected(45) == ("b", ElectionReason.COOLDOWN)
     assert elected(60) == ("a", ElectionReason.DEMAND)
+
+
+def test_hysteresis_is_a_delay_and_a_dip_below_the_threshold_restarts_it() -> None:
+    """Through the planner, as time passes: b's demand reaches the threshold at 0 s, dips to 2 requests at 6 s,
+    is back at 3 from 8 s; a (idle, serving) keeps the GPU until b's demand has lasted 10 s without a dip: 18 s."""
+    from flexinfer_scheduler.domain.plan import apply_plan
+
+    snapshot = group(serving(idle=timedelta(minutes=2)), model("b"), active="a")
+    queued_at = {0: 3, 2: 3, 4: 3, 6: 2, 8: 3, 10: 3, 12: 3, 14: 3, 16: 3, 17: 3, 18: 3}
+    leaders = {}
+    for second, queued in queued_at.items():
+        now = NOW + timedelta(seconds=second)
+        members = tuple(
+            dataclasses.replace(m, queued=queued, last_active_time=now) if m.key.name == "b" else m
+            for m in snapshot.members
+        )
+        snapshot = dataclasses.replace(snapshot, members=members)
+        p = plan_group(snapshot, now, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s{second}")
+        snapshot = apply_plan(snapshot, p)
+        leaders[second] = (p.election.leader.name if p.election.leader else None, p.election.reason)
+    assert leaders[4] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[8] == ("a", ElectionReason.HYSTERESIS)  # the clock restarted at 8 s
+    assert leaders[16] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[17] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[18] == ("b", ElectionReason.DEMAND)

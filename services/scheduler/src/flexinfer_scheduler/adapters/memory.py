@@ -27,13 +27,12 @@ from flexinfer_scheduler.adapters.store import (
     API_ORIGIN,
     Origin,
     SpecFacts,
+    group_snapshot,
     member_from_row,
     solo_group,
     spec_facts,
-    swap_from_row,
-    v1alpha1_policy,
 )
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey
+from flexinfer_scheduler.domain.model import Lease, Member, ModelKey
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import Decoder, Handler, M, StoredStatus, World, changes_of
 
@@ -106,23 +105,10 @@ class MemoryStore:
         active_swaps = {s.group_name: s for s in self.swaps.values() if s.phase in ACTIVE_SWAP_PHASES}
         snapshots = []
         for name in sorted(names):
-            group = self.groups.get(name)
-            policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
-            swap = active_swaps.get(name)
             lease = self.leases.get(name)
+            live = lease if lease is not None and lease.expires_at > now else None
             snapshots.append(
-                GroupSnapshot(
-                    name=name,
-                    members=tuple(by_group.get(name, [])),
-                    policy=policy,
-                    v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
-                    active=ModelKey(group.active_namespace, group.active_name)
-                    if group and group.active_name and group.active_namespace
-                    else None,
-                    leader_since=group.leader_since if group else None,
-                    swap=swap_from_row(swap) if swap else None,
-                    lease=lease if lease is not None and lease.expires_at > now else None,
-                )
+                group_snapshot(name, by_group.get(name, []), self.groups.get(name), active_swaps.get(name), live)
             )
         if self.lease_error is not None:
             snapshots = [dataclasses.replace(s, lease=None) for s in snapshots]

@@ -172,6 +172,25 @@ def swap_from_row(row: SwapRow) -> Swap:
     )
 
 
+def group_snapshot(
+    name: str, members: list[Member], group: GroupRow | None, swap: SwapRow | None, lease: Lease | None
+) -> GroupSnapshot:
+    """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet)."""
+    policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
+    return GroupSnapshot(
+        name=name,
+        members=tuple(members),
+        policy=policy,
+        v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
+        active=ModelKey(group.active_namespace, group.active_name)
+        if group and group.active_name and group.active_namespace
+        else None,
+        leader_since=group.leader_since if group else None,
+        swap=swap_from_row(swap) if swap else None,
+        lease=lease,
+    )
+
+
 def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
     if not manifest:
         return None
@@ -316,25 +335,10 @@ class Store:
         if groups_only is None and len(cache) > len(rows):
             for key in set(cache) - set(statuses):  # deleted models
                 del cache[key]
-        snapshots = []
-        for name in sorted(set(by_group) | set(groups)):
-            group = groups.get(name)
-            running = swaps.get(name)
-            policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
-            snapshots.append(
-                GroupSnapshot(
-                    name=name,
-                    members=tuple(by_group.get(name, [])),
-                    policy=policy,
-                    v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
-                    active=ModelKey(group.active_namespace, group.active_name)
-                    if group and group.active_name and group.active_namespace
-                    else None,
-                    leader_since=group.leader_since if group else None,
-                    swap=swap_from_row(running) if running else None,
-                    lease=leases.get(name),
-                )
-            )
+        snapshots = [
+            group_snapshot(name, by_group.get(name, []), groups.get(name), swaps.get(name), leases.get(name))
+            for name in sorted(set(by_group) | set(groups))
+        ]
         self._known_groups.update(n for n in groups)
         return World(snapshots, statuses), leases_ok
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from flexinfer_common import subjects
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import InFlightCount, InFlightReport
+from flexinfer_common.messages import InFlightCount, InFlightReport, message_id
 from flexinfer_proxy.adapters.demand import DemandPublisher
 from flexinfer_proxy.domain.routes import ModelKey
 
@@ -76,7 +76,9 @@ class InFlightReporter:
         )
         try:
             async with asyncio.timeout(max(self._interval, 1.0)):
-                await self._publisher.publish(subjects.in_flight_subject(self.source), report)
+                await self._publisher.publish(
+                    subjects.in_flight_subject(self.source), report, msg_id=message_id(self.source)
+                )
         except asyncio.CancelledError:
             raise
         except Exception as exc:

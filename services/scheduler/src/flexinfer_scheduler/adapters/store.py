@@ -339,7 +339,10 @@ class Store:
             group_snapshot(name, by_group.get(name, []), groups.get(name), swaps.get(name), leases.get(name))
             for name in sorted(set(by_group) | set(groups))
         ]
-        self._known_groups.update(n for n in groups)
+        if groups_only is None:
+            self._known_groups = set(groups)
+        else:
+            self._known_groups = (self._known_groups - groups_only) | set(groups)
         return World(snapshots, statuses), leases_ok
 
     async def group_names(self) -> list[str]:

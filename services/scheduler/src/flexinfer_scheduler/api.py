@@ -15,11 +15,12 @@ from flexinfer_common.errors import ApiError, ErrorBody, ErrorCode
 from flexinfer_common.local_commands import check_local_command
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.service import ReadinessCheck, admin_app, admin_router
-from flexinfer_scheduler.adapters.store import API_ORIGIN, Store, visible_group
+from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import cooldown_remaining
+from flexinfer_scheduler.domain.manifests import visible_group
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.loop import Scheduler, model_status
-from flexinfer_scheduler.ports import StoredStatus
+from flexinfer_scheduler.ports import API_ORIGIN, StoredStatus
 
 
 def model_json(row: ModelRow) -> dict[str, Any]:

@@ -51,8 +51,8 @@ from flexinfer_common.metrics import (
     SWAP_DURATION,
     SWAPS,
 )
-from flexinfer_scheduler.adapters.store import spec_facts, visible_group
 from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.manifests import spec_facts, visible_group
 from flexinfer_scheduler.domain.model import Member, ModelKey
 from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
 from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore, Stoppable, World

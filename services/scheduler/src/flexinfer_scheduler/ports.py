@@ -80,6 +80,29 @@ def changes_of(plan: GroupPlan, world: World) -> dict[ModelKey, dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Who wrote a manifest: the admin API (``api``), or a watcher of Kubernetes resources handing on what it saw
+    at ``observed_at`` (``metadata.generation`` = ``generation``)."""
+
+    source: str
+    observed_at: datetime | None = None
+    generation: int | None = None
+
+    def is_older_than(self, stored: datetime | None) -> bool:
+        """A change observed before the one stored is stale (redelivered or overtaken)."""
+        return self.observed_at is not None and stored is not None and self.observed_at < stored
+
+    def may_delete(self, owner: str, stored: datetime | None) -> bool:
+        """The admin API deletes anything; a watcher only what it owns, and not with a stale observation."""
+        if self.source == API_ORIGIN.source:
+            return True
+        return owner == self.source and not self.is_older_than(stored)
+
+
+API_ORIGIN = Origin("api")
+
+
 class SchedulerStore(Protocol):
     """The scheduler's state: the only writer of groups, models and swaps."""
 

@@ -16,8 +16,8 @@ from flexinfer_common.db import ModelRow
 from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.messages import SpecChange, SpecResync
-from flexinfer_scheduler.adapters.store import Origin
 from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_scheduler.ports import Origin
 
 log = get_logger("flexinfer.scheduler.specs")
 

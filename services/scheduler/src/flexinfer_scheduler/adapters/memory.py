@@ -24,17 +24,13 @@ from flexinfer_common.messages import Route
 from flexinfer_common.subjects import route_key
 from flexinfer_scheduler.adapters.store import (
     ACTIVE_SWAP_PHASES,
-    API_ORIGIN,
-    Origin,
-    SpecFacts,
     group_snapshot,
     member_from_row,
-    solo_group,
-    spec_facts,
 )
+from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import Lease, Member, ModelKey
 from flexinfer_scheduler.domain.plan import GroupPlan
-from flexinfer_scheduler.ports import Decoder, Handler, M, StoredStatus, World, changes_of
+from flexinfer_scheduler.ports import API_ORIGIN, Decoder, Handler, M, Origin, StoredStatus, World, changes_of
 
 _MODEL_DEFAULTS: dict[str, Any] = {
     "phase": "Pending",

@@ -5,7 +5,6 @@ record demand and actuator reports, and keep the admin API's manifests.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -25,46 +24,10 @@ from flexinfer_common.db import (
 )
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
 from flexinfer_common.manifests import GPUGroup, Model
-from flexinfer_common.messages import RuntimeSpec
+from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
-from flexinfer_scheduler.ports import StoredStatus, World, changes_of
-
-SOLO_PREFIX = "solo."
-
-
-def solo_group(key: ModelKey) -> str:
-    """A model outside any shared group still needs a leader election of its own (it always wins it)."""
-    return f"{SOLO_PREFIX}{key.namespace}.{key.name}"
-
-
-def visible_group(name: str | None) -> str | None:
-    """The group a user sees: none for a model served on its own."""
-    return None if name is None or name.startswith(SOLO_PREFIX) else name
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Who wrote a manifest: the admin API (``api``), or a watcher of Kubernetes resources handing on what it saw
-    at ``observed_at`` (``metadata.generation`` = ``generation``)."""
-
-    source: str
-    observed_at: datetime | None = None
-    generation: int | None = None
-
-    def is_older_than(self, stored: datetime | None) -> bool:
-        """A change observed before the one stored is stale (redelivered or overtaken)."""
-        return self.observed_at is not None and stored is not None and self.observed_at < stored
-
-    def may_delete(self, owner: str, stored: datetime | None) -> bool:
-        """The admin API deletes anything; a watcher only what it owns, and not with a stale observation."""
-        if self.source == API_ORIGIN.source:
-            return True
-        return owner == self.source and not self.is_older_than(stored)
-
-
-API_ORIGIN = Origin("api")
-
+from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, changes_of
 
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
@@ -75,54 +38,6 @@ def cast_text(column: Any) -> Any:
 
 def _key(row: ModelRow) -> ModelKey:
     return ModelKey(row.namespace, row.name)
-
-
-@dataclass(frozen=True)
-class SpecFacts:
-    """What the election reads from a Model's spec (parsed once per spec generation, not once per pass)."""
-
-    swap_cooldown: timedelta | None
-    idle_timeout: timedelta | None
-    force_promotion: bool
-    service_labels: tuple[str, ...]
-    max_wait: timedelta | None
-
-    model: Model
-
-    def runtime(self, namespace: str, name: str) -> RuntimeSpec:
-        """What the actuator needs to run the model (built once per spec generation)."""
-        cached: RuntimeSpec | None = self.__dict__.get("_runtime")
-        if cached is not None:
-            return cached
-        spec = self.model.spec
-        runtime = RuntimeSpec.model_construct(  # from a validated Model: nothing left to check
-            namespace=namespace,
-            name=name,
-            deployment=spec.deployment or name,
-            command=spec.local.command,
-            env=spec.local.env,
-            port=spec.endpoint.port,
-            readiness_path=spec.endpoint.readiness_path or "/health",
-            park_strategy=spec.gpu.park_strategy,
-            rendered=spec.deployment is None,
-            drain_seconds=None,
-        )
-        object.__setattr__(self, "_runtime", runtime)
-        return runtime
-
-
-def spec_facts(manifest: dict[str, Any] | str) -> SpecFacts:
-    """The facts of a manifest (a dict, or its JSON text: parsing the text directly is three times faster)."""
-    model = Model.model_validate_json(manifest) if isinstance(manifest, str) else Model.model_validate(manifest)
-    spec = model.spec
-    return SpecFacts(
-        spec.gpu.swap_cooldown,
-        spec.serverless.idle_timeout,
-        spec.gpu.force_promotion,
-        tuple(spec.service_labels),
-        spec.gpu.max_wait,
-        model,
-    )
 
 
 def member_from_row(row: Any, queued: int, facts: SpecFacts, in_flight: int = 0) -> Member:

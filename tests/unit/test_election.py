@@ -3,6 +3,7 @@ semantics", "Anti-Thrashing Mechanics", "Demand Signaling Lifecycle", "Training 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -335,6 +336,16 @@ BOUNDED_WAIT = [
         "a",
         ElectionReason.READY,
         id="bounded-wait-lower-priority-never-preempts",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=5)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="bounded-wait-loaded-model-first-serves-the-requests-that-waited-for-it",
     ),
     pytest.param(
         group(

@@ -462,7 +462,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Every other demand expires, and the incumbent goes idle, while nothing runs the election.
         sim.advance(sim.params.demand_window + timedelta(seconds=1))
         incumbent = sim.snapshot.member(sim.snapshot.active)
-        holders = [m for m in sim.snapshot.members if m.promoted_at is not None or m == incumbent]
+        # the models the priority gate protects: the incumbent, a pending promotion, and any model still loaded (a
+        # lease that just ended may have left one running that the next election keeps as the ready leader)
+        holders = [m for m in sim.snapshot.members if m.promoted_at is not None or m == incumbent or m.loaded]
         floor = max((m.priority for m in holders), default=min(m.priority for m in sim.snapshot.members))
         if incumbent is not None and load_failed(incumbent):
             # A model that failed to load is left out (until asked again) and the GPU may go to a fallback, which

@@ -32,6 +32,17 @@ from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, c
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
 
+def _recent_sum(
+    table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, *, since: datetime
+) -> Any:
+    """The sum of ``amount`` over the model's rows of ``table`` (one per source) reported since ``since``."""
+    return (
+        select(func.coalesce(func.sum(amount), 0))
+        .where(table.namespace == models.c.namespace, table.name == models.c.name, table.time >= since)
+        .scalar_subquery()
+    )
+
+
 def cast_text(column: Any) -> Any:
     return sql_cast(column, Text)
 
@@ -190,24 +201,8 @@ class Store:
         models = cast(Table, ModelRow.__table__)
         # One query for the models with their demand and in-flight sums, one for the groups with their running
         # swap, one for the leases: every round trip counts on the way from a demand to a command.
-        queued = (
-            select(func.coalesce(func.sum(DemandSignalRow.queued), 0))
-            .where(
-                DemandSignalRow.namespace == models.c.namespace,
-                DemandSignalRow.name == models.c.name,
-                DemandSignalRow.time >= now - demand_window,
-            )
-            .scalar_subquery()
-        )
-        in_flight = (
-            select(func.coalesce(func.sum(InFlightRow.count), 0))
-            .where(
-                InFlightRow.namespace == models.c.namespace,
-                InFlightRow.name == models.c.name,
-                InFlightRow.time >= now - in_flight_ttl,
-            )
-            .scalar_subquery()
-        )
+        queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, since=now - demand_window)
+        in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, since=now - in_flight_ttl)
         model_query = select(
             *(c for c in models.c if c.name != "manifest"), queued.label("queued_sum"), in_flight.label("in_flight_sum")
         )

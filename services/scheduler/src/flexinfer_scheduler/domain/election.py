@@ -200,8 +200,10 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         return Election(demanded.key, ElectionReason.DEMAND, expired)
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
     # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
-    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more.
-    if ready is not None:
+    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
+    # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
+    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing.
+    if ready is not None and ready.queued == 0:
         overdue = [
             m
             for m in candidates

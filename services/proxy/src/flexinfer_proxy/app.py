@@ -15,9 +15,9 @@ from flexinfer_common.clock import Clock
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.demand import DemandSignaller
-from flexinfer_proxy.adapters.in_flight import InFlightReporter
 from flexinfer_proxy.adapters.forwarding import Forwarder
 from flexinfer_proxy.adapters.http_server import HttpServer
+from flexinfer_proxy.adapters.in_flight import InFlightReporter
 from flexinfer_proxy.adapters.routes_watcher import RouteWatcher
 from flexinfer_proxy.api import ProxyHandler
 from flexinfer_proxy.domain.errors import shutting_down

@@ -2,17 +2,15 @@
 proxy has in flight (the drain)
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-30 18:00:00
-
-(0003 is reserved for the lease manager: when it lands first, this revises it instead.)
 """
 
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -25,6 +25,7 @@ from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import ModelRow, create_engine, ensure_database_exists, session_factory, upgrade_database
 from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
 from flexinfer_common.enums import ScaleAction
+from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey
@@ -110,8 +111,13 @@ async def full(groups: int, tmp: Path) -> dict[str, float]:
         await bus.ensure_streams()
         settings = SchedulerSettings(database_url=url, nats_url=nats_url)
         store = Store(sessions)
-        scheduler = Scheduler(store=store, bus=bus, settings=settings, clock=SystemClock())
-        scheduler._kv = await bus.routes()
+        scheduler = Scheduler(
+            store=store,
+            bus=NatsSchedulerBus(bus),
+            lock=AdvisoryLock(url, settings.leader_lock_id),
+            settings=settings,
+            clock=SystemClock(),
+        )
         out: dict[str, float] = {}
         start = time.perf_counter()
         result = await scheduler.election_pass()

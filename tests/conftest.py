@@ -81,8 +81,9 @@ async def clean_nats(nats_url: str) -> str:
     return nats_url
 
 
-@pytest.fixture
-async def database_url(servers: TestServers) -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def fresh_database(servers: TestServers) -> AsyncIterator[str]:
+    """A new database with the migrations applied, dropped afterwards."""
     from flexinfer_common.db import upgrade_database
 
     name = f"flexinfer_test_{uuid.uuid4().hex[:12]}"
@@ -92,6 +93,12 @@ async def database_url(servers: TestServers) -> AsyncIterator[str]:
         yield url
     finally:
         await drop_test_database(servers.database_url, name)
+
+
+@pytest.fixture
+async def database_url(servers: TestServers) -> AsyncIterator[str]:
+    async with fresh_database(servers) as url:
+        yield url
 
 
 @pytest.fixture

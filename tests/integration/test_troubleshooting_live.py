@@ -50,12 +50,13 @@ async def test_rollout_restart_deadlock(database_url: str, bus: Bus, tmp_path: P
 
 async def test_demand_signal_not_being_detected(database_url: str, bus: Bus, tmp_path: Path) -> None:
     """The seed's demand expired after one signal. Here a waiting request keeps demand alive past the demand
-    window (1 s in this test), so the waiting model is loaded once the busy incumbent goes idle — 3 s later."""
+    window (1 s in this test), so the waiting model is loaded once the busy incumbent goes idle — 3 s later (b's
+    maxWait is longer than that, so the bounded wait plays no part here)."""
     async with running_system(
         database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=1
     ) as system:
         await system.put_model(fake_model("a", priority=10))
-        await system.put_model(fake_model("b", priority=10))
+        await system.put_model(fake_model("b", priority=10, gpu={"shared": "gpu", "priority": 10, "maxWait": "60s"}))
 
         async def a_ready() -> bool:
             return (await members(system))["a"]["phase"] == "Ready"
@@ -74,3 +75,45 @@ async def test_demand_signal_not_being_detected(database_url: str, bus: Bus, tmp
         status, body, headers = await asyncio.wait_for(waiting, timeout=30)
         assert status == 200 and body["choices"][0]["message"]["content"] == "[b] still here"
         assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) >= 3000
+
+
+async def test_a_busy_model_no_longer_starves_an_equal_priority_one(
+    database_url: str, bus: Bus, tmp_path: Path
+) -> None:
+    """Issue 11's starvation, live: two clients loop on a; one request for b (same priority) is served within b's
+    bound (maxWait 2 s here) plus a drain and a load, not after the queue timeout. a's requests in flight finish
+    (the drain), and those sent meanwhile wait for a's turn (a short cooldown and bound here): none fails."""
+    gpu = {"shared": "gpu", "priority": 10, "maxWait": "2s", "swapCooldown": "1s"}
+    async with running_system(
+        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=30
+    ) as system:
+        await system.put_model(fake_model("a", gpu=gpu))
+        await system.put_model(fake_model("b", gpu=gpu))
+
+        async def a_ready() -> bool:
+            return (await members(system))["a"]["phase"] == "Ready"
+
+        await wait_for(a_ready)
+        stop = asyncio.Event()
+        answers: list[int] = []
+
+        async def loop_on_a() -> None:
+            while not stop.is_set():
+                status, _, _ = await chat(system, "a", "busy")
+                answers.append(status)
+
+        clients = [asyncio.create_task(loop_on_a()) for _ in range(2)]
+        try:
+            started = asyncio.get_running_loop().time()
+            status, body, headers = await asyncio.wait_for(chat(system, "b", "my turn"), timeout=30)
+            waited = asyncio.get_running_loop().time() - started
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[b] my turn"
+        assert 2 <= waited < 20, waited
+        assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) >= 2000
+        assert answers and all(code == 200 for code in answers), answers
+        swaps = (await system.get("scheduler", "/api/v1/swaps"))["items"]
+        to_b = next(s for s in swaps if s["toModel"] == "default/b")
+        assert to_b["reason"] == "max-wait" and "draining" in to_b["phases"]

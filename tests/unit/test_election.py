@@ -3,6 +3,7 @@ semantics", "Anti-Thrashing Mechanics", "Demand Signaling Lifecycle", "Training 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -33,6 +34,8 @@ def model(
     force: bool = False,
     idle_parked: datetime | None = None,
     failed: datetime | None = None,
+    waiting: timedelta | None = None,
+    max_wait: timedelta | None = None,
 ) -> Member:
     runtime = RuntimePhase.READY.value if ready else RuntimePhase.LOADING.value if loading else None
     return Member(
@@ -50,6 +53,9 @@ def model(
         ready_since=ready_since,
         idle_parked_at=idle_parked,
         failed_at=failed,
+        demand_since=None if waiting is None else NOW - waiting,
+        queued=0 if waiting is None else 1,  # requests wait for it
+        max_wait=max_wait,
     )
 
 
@@ -285,7 +291,120 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+BUSY = ago(seconds=5)  # the loaded model answered a request 5 s ago: busy, never idle
+
+# FlexInfer's bounded wait (CONTRACT sections 1 and 6): a demanded model of priority >= the busy leader's gets the
+# GPU once it has waited spec.gpu.maxWait (default: the demand window, 2 min); lower priority never preempts; the
+# swap cooldown (stage 1) still holds the active model; within the bound the loaded model keeps serving.
+BOUNDED_WAIT = [
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", active=ago(seconds=1), waiting=timedelta(seconds=119)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="bounded-wait-loaded-model-keeps-serving-within-the-bound",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=2)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="bounded-wait-equal-priority-takes-a-busy-gpu-at-the-demand-window",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", active=ago(seconds=1), waiting=timedelta(seconds=30), max_wait=timedelta(seconds=30)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="bounded-wait-from-spec-maxWait",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=BUSY),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="bounded-wait-lower-priority-never-preempts",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=5)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="bounded-wait-loaded-model-first-serves-the-requests-that-waited-for-it",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=10), preempted=ago(minutes=4)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.COOLDOWN,
+        id="bounded-wait-swap-cooldown-still-holds",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=3)),
+            model("c", active=ago(seconds=2), waiting=timedelta(minutes=5)),
+            active="a",
+        ),
+        "c",
+        ElectionReason.MAX_WAIT,
+        id="bounded-wait-longest-waiting-first-among-equal-priorities",
+    ),
+    pytest.param(
+        group(
+            model("a", ready=True, active=BUSY),
+            model("b", priority=10, active=ago(seconds=1), waiting=timedelta(minutes=3)),
+            model("c", active=ago(seconds=2), waiting=timedelta(minutes=5)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="bounded-wait-higher-priority-first",
+    ),
+]
+
+
+FALLBACK = [
+    pytest.param(
+        group(
+            model("a", priority=100, active=ago(minutes=4), idle_timeout=timedelta(minutes=3)),
+            model("b", priority=50, active=ago(minutes=30)),
+        ),
+        "b",
+        ElectionReason.FALLBACK,
+        id="fallback-skips-a-model-whose-idle-timeout-ran-out-since-it-was-asked-for",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, active=ago(minutes=2, seconds=30), idle_timeout=timedelta(minutes=3)),
+            model("b", priority=50),
+        ),
+        "a",
+        ElectionReason.RECENT,
+        id="recent-leader-still-within-its-idle-timeout",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + FALLBACK)
 def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     election = choose_shared_group_leader(snapshot, NOW, PARAMS)
     assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
@@ -301,3 +420,12 @@ def test_idle_timeout_reports_the_expired_member() -> None:
     election = choose_shared_group_leader(snapshot, NOW, PARAMS)
     assert election.leader is None
     assert election.idle_expired == (ModelKey("default", "a"),)
+
+
+def test_the_seeds_exact_rules_never_preempt_a_busy_leader() -> None:
+    """With the bounded wait off (the seed's rules, which the simulator compares), a busy leader keeps the GPU."""
+    snapshot = group(
+        model("a", ready=True, active=BUSY), model("b", active=ago(seconds=1), waiting=timedelta(hours=1)), active="a"
+    )
+    election = choose_shared_group_leader(snapshot, NOW, ElectionParams(bounded_wait=False))
+    assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)

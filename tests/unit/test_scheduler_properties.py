@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from flexinfer_common.enums import GroupPolicy, ModelPhase, RuntimePhase, ScaleAction, SharedState
+from flexinfer_common.enums import GroupPolicy, ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_scheduler.domain.election import (
     ElectionParams,
     ElectionReason,
@@ -39,7 +39,7 @@ from flexinfer_scheduler.domain.model import (
     V1Alpha1Policy,
     lease_is_active,
 )
-from flexinfer_scheduler.domain.plan import Command, GroupPlan, plan_group
+from flexinfer_scheduler.domain.plan import Command, GroupPlan, apply_plan, plan_group
 
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 PARAMS = ElectionParams()
@@ -48,6 +48,8 @@ TICK = timedelta(seconds=10)  # the proxy's demand refresh interval, and the sim
 # How long a swap may take once the election allows it: park the old model, confirm, load, confirm (with a
 # re-issue after a command that was lost before the drive started).
 SWAP_ROUNDS = 6
+DRAIN_TIMEOUT = timedelta(seconds=60)
+IN_FLIGHT_MAX = 20  # seconds a request is answered for at most (so a drain lasts at most that long here)
 
 
 # ---- the simulated control loop -------------------------------------------------------------------------------
@@ -75,6 +77,8 @@ class Sim:
     last_report: dict[ModelKey, tuple[RuntimePhase, int, str]] = field(default_factory=dict)
     # the proxy's demand signals (queued, when), summed by the store over the demand window
     signals: dict[ModelKey, tuple[int, datetime]] = field(default_factory=dict)
+    # requests being answered per model, as the proxies report them: (how many, when the last one ends)
+    in_flight: dict[ModelKey, tuple[int, datetime]] = field(default_factory=dict)
     # what happened
     plans: int = 0
     swaps: list[Swap] = field(default_factory=list)
@@ -113,23 +117,46 @@ class Sim:
             if m.desired_action is not None:
                 self.write(m.key, runtime=RUNTIME_UNKNOWN, command_issued_at=None, endpoint=None)
 
+    def answering(self, key: ModelKey) -> int:
+        """Requests the model is answering now (they end by themselves; a stopped process ends them)."""
+        count, until = self.in_flight.get(key, (0, self.now))
+        return count if self.now < until and key in self.processes else 0
+
     def queued(self, key: ModelKey) -> int:
         queued, when = self.signals.get(key, (0, START))
         return queued if self.now - when <= self.params.demand_window else 0
 
     # -- the scheduler --------------------------------------------------------------------------------------------
     def plan(self) -> GroupPlan:
-        members = tuple(dataclasses.replace(m, queued=self.queued(m.key)) for m in self.snapshot.members)
+        members = tuple(
+            dataclasses.replace(m, queued=self.queued(m.key), in_flight=self.answering(m.key))
+            for m in self.snapshot.members
+        )
         snapshot = dataclasses.replace(self.snapshot, members=members)
         self.plans += 1
         p = plan_group(
-            snapshot, self.now, self.params, command_retry=self.command_retry, new_swap_id=f"swap-{self.plans}"
+            snapshot,
+            self.now,
+            self.params,
+            command_retry=self.command_retry,
+            new_swap_id=f"swap-{self.plans}",
+            drain_timeout=DRAIN_TIMEOUT,
         )
+        for command in p.commands:
+            before = snapshot.member(command.key)
+            if command.action == ScaleAction.PARK and not command.reissue and before is not None and before.ready:
+                # the drain: a serving model is parked only once its requests finished, or the drain timed out
+                started = max((sw.started_at for sw in self.swaps), default=None)
+                drained = self.answering(command.key) == 0
+                assert drained or (started is not None and self.now - started >= DRAIN_TIMEOUT), (
+                    f"{command.key} parked with {self.answering(command.key)} requests in flight"
+                )
         self.snapshot = apply_plan(snapshot, p)
         self.inflight.extend(p.commands)
         self.swaps.extend(u.swap for u in p.swap_updates if u.created)
         self.last_plan = p
-        if lease_is_active(self.snapshot.lease, self.now):
+        draining = self.snapshot.swap is not None and self.snapshot.swap.phase == SwapPhase.DRAINING
+        if lease_is_active(self.snapshot.lease, self.now) and not draining:
             self.lease_planned = True
         return p
 
@@ -244,29 +271,20 @@ class Sim:
     def advance(self, delta: timedelta) -> None:
         self.now += delta
 
-    def drive(self, key: ModelKey, *, until: datetime, queued: int = 1) -> bool:
+    def drive(self, key: ModelKey, *, until: datetime, queued: int = 1, busy: ModelKey | None = None) -> bool:
         """The proxy keeps a request for ``key`` waiting (demand refreshed every tick) while the scheduler and a
-        healthy actuator run; True once ``key`` serves, False if it does not by ``until``."""
+        healthy actuator run, and (``busy``) another model gets a request every tick; True once ``key`` serves,
+        False if it does not by ``until``."""
         while True:
             self.demand(key, queued)
+            if busy is not None and busy != key:
+                self.demand(busy)
             self.round()
             if self.serving(key):
                 return True
             if self.now >= until:
                 return False
             self.advance(TICK)
-
-
-def apply_plan(snapshot: GroupSnapshot, p: GroupPlan) -> GroupSnapshot:
-    """What ``Store.apply_plans`` does with a plan, in memory."""
-    members = tuple(
-        dataclasses.replace(m, **{k: v for k, v in p.member_updates.get(m.key, {}).items() if hasattr(m, k)})
-        for m in snapshot.members
-    )
-    swap = next((u.swap for u in reversed(p.swap_updates) if u.finished_at is None), None)
-    if swap is None and snapshot.swap is not None and snapshot.swap.id == p.swap_id:
-        swap = snapshot.swap
-    return dataclasses.replace(snapshot, members=members, active=p.active, leader_since=p.leader_since, swap=swap)
 
 
 def member(
@@ -323,6 +341,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), queued=st.integers(1, 5))
     def request(self, data: st.DataObject, queued: int) -> None:
         self.sim.demand(self.pick(data), queued)
+
+    @rule(data=st.data(), count=st.integers(0, 3), seconds=st.integers(1, IN_FLIGHT_MAX))
+    def requests_in_flight(self, data: st.DataObject, count: int, seconds: int) -> None:
+        """The proxies report how many requests a model is answering, for up to ``seconds`` (0: they finished)."""
+        key = self.pick(data)
+        if self.sim.serving(key):
+            self.sim.in_flight[key] = (count, self.sim.now + timedelta(seconds=seconds))
 
     # -- time ---------------------------------------------------------------------------------------------------
     @rule(seconds=st.integers(1, 30))
@@ -437,7 +462,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Every other demand expires, and the incumbent goes idle, while nothing runs the election.
         sim.advance(sim.params.demand_window + timedelta(seconds=1))
         incumbent = sim.snapshot.member(sim.snapshot.active)
-        holders = [m for m in sim.snapshot.members if m.promoted_at is not None or m == incumbent]
+        # the models the priority gate protects: the incumbent, a pending promotion, and any model still loaded (a
+        # lease that just ended may have left one running that the next election keeps as the ready leader)
+        holders = [m for m in sim.snapshot.members if m.promoted_at is not None or m == incumbent or m.loaded]
         floor = max((m.priority for m in holders), default=min(m.priority for m in sim.snapshot.members))
         if incumbent is not None and load_failed(incumbent):
             # A model that failed to load is left out (until asked again) and the GPU may go to a fallback, which
@@ -447,11 +474,45 @@ class SchedulerMachine(RuleBasedStateMachine):
             st.sampled_from([m.key for m in sim.snapshot.members if m.priority >= floor]), label="demanded"
         )
         promotion = any(m.promoted_at is not None for m in sim.snapshot.members)
-        deadline = sim.now + swap_window(sim.snapshot, sim.params) + (2 if promotion else 1) * SWAP_ROUNDS * TICK
+        deadline = (
+            sim.now
+            + swap_window(sim.snapshot, sim.params)
+            + (2 if promotion else 1) * SWAP_ROUNDS * TICK
+            + timedelta(seconds=IN_FLIGHT_MAX)  # the drain
+        )
         queued = sim.snapshot.v1alpha1.request_queue_threshold if sim.snapshot.v1alpha1 else 1
         assert sim.drive(target, until=deadline, queued=queued), (
             f"{target} still not serving at {sim.now - START} (deadline {deadline - START}); "
             f"running={sim.running} snapshot={sim.snapshot}"
+        )
+
+    @precondition(lambda self: self.sim.snapshot.v1alpha1 is None)
+    @rule(data=st.data())
+    def busy_incumbent_yields_within_the_bound(self, data: st.DataObject) -> None:
+        """The bounded wait (v1alpha2): with the incumbent kept busy (a request every tick), a demanded model whose
+        priority is at least the incumbent's serves within its maxWait (default: the demand window) plus what the
+        swap cooldown has left and a few rounds (drain included), whatever the earlier steps left behind."""
+        sim = self.sim
+        sim.clear_overrides()
+        sim.in_flight.clear()
+        sim.advance(sim.params.demand_window + timedelta(seconds=1))  # other demand expires
+        incumbent = sim.snapshot.member(sim.snapshot.active)
+        if incumbent is None or not sim.serving(incumbent.key) or any(m.promoted_at for m in sim.snapshot.members):
+            return  # nothing busy to wait behind (the idle case is demanded_model_gets_the_gpu's)
+        target = data.draw(
+            st.sampled_from([m.key for m in sim.snapshot.members if m.priority >= incumbent.priority]),
+            label="demanded behind a busy incumbent",
+        )
+        bound = sim.params.max_wait(sim.member(target)) or timedelta(0)
+        deadline = (
+            sim.now
+            + cooldown_remaining(sim.snapshot, sim.now, sim.params)
+            + bound
+            + SWAP_ROUNDS * TICK
+            + timedelta(seconds=IN_FLIGHT_MAX)
+        )
+        assert sim.drive(target, until=deadline, busy=incumbent.key), (
+            f"{target} still waits behind busy {incumbent.key} at {sim.now - START}; snapshot={sim.snapshot}"
         )
 
     # -- (b) a lease, driven to its end state ---------------------------------------------------------------------
@@ -461,7 +522,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         runs, or after two when a command lost earlier waits for its ``command_retry``."""
         sim = self.sim
         sim.set_lease(Lease("trainer-gpu-lease", "gpu", "trainer", sim.now + timedelta(seconds=ttl)))
-        for _ in range(2):
+        for _ in range(2 + IN_FLIGHT_MAX // int(sim.command_retry.total_seconds())):  # a drain may come first
             sim.round()
             if not sim.processes:
                 break

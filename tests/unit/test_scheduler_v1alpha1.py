@@ -1,5 +1,6 @@
 """The v1alpha1 ``GPUGroup`` election (``determine_active_model``), one row per rule of the seed ("Timing constants",
-"Priority semantics" for v1alpha1) and CONTRACT section 6: hysteresis window 10 s, request queue threshold 3,
+"Priority semantics" for v1alpha1) and CONTRACT section 6: hysteresis 10 s (a delay: a challenger's demand must
+persist that long before it takes the GPU, as in the seed's ``determineActiveModel``), request queue threshold 3,
 minimum run duration 30 s (the v1alpha1 swap cooldown), cooldown after preemption 60 s, idle timeout 300 s, demanded
 models sorted by priority descending, a GPU lease beats everything, forcePromotion beats the rest.
 
@@ -8,6 +9,7 @@ models sorted by priority descending, a GPU lease beats everything, forcePromoti
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -39,6 +41,7 @@ def model(
     failed: datetime | None = None,
     force: bool = False,
     promoted: datetime | None = None,
+    demand_since: datetime | None = None,
 ) -> Member:
     return Member(
         key=ModelKey("default", name),
@@ -51,6 +54,7 @@ def model(
         failed_at=failed,
         force_promotion=force,
         promoted_at=promoted,
+        demand_since=demand_since,
         runtime=RuntimePhase.READY.value if ready else None,
         desired_action=ScaleAction.ACTIVATE if ready else None,
         command_generation=1 if ready else 0,
@@ -78,9 +82,17 @@ def serving(
     )
 
 
-def demand(name: str = "b", *, priority: int = 100, queued: int = 3, seen: timedelta = timedelta(seconds=1)) -> Member:
-    """A model with ``queued`` requests waiting, last signalled ``seen`` ago."""
-    return model(name, priority=priority, queued=queued, active=NOW - seen)
+def demand(
+    name: str = "b",
+    *,
+    priority: int = 100,
+    queued: int = 3,
+    seen: timedelta = timedelta(seconds=1),
+    lasted: timedelta = timedelta(seconds=15),
+) -> Member:
+    """A model with ``queued`` requests waiting, last signalled ``seen`` ago, its demand (at or over the threshold)
+    lasting for ``lasted`` (past the 10 s hysteresis by default)."""
+    return model(name, priority=priority, queued=queued, active=NOW - seen, demand_since=NOW - lasted)
 
 
 def group(
@@ -102,29 +114,52 @@ def group(
 
 
 CASES = [
-    # Hysteresis window: demand counts while it was seen within the last 10 s.
+    # Hysteresis: a challenger's demand must have lasted 10 s before it takes the GPU; the incumbent holds meanwhile.
     pytest.param(
-        group(serving(), demand(seen=timedelta(seconds=10)), active="a"),
+        group(serving(), demand(lasted=timedelta(seconds=10)), active="a"),
         "b",
         ElectionReason.DEMAND,
-        id="hysteresis-demand-seen-10s-ago-counts",
+        id="hysteresis-demand-lasting-10s-swaps",
     ),
     pytest.param(
-        group(serving(), demand(seen=timedelta(seconds=11)), active="a"),
+        group(serving(), demand(lasted=timedelta(seconds=9)), active="a"),
         "a",
-        ElectionReason.READY,
-        id="hysteresis-demand-older-than-10s-does-not-swap",
+        ElectionReason.HYSTERESIS,
+        id="hysteresis-demand-younger-than-10s-waits",
+    ),
+    pytest.param(
+        group(serving(), demand(lasted=timedelta(0)), active="a"),
+        "a",
+        ElectionReason.HYSTERESIS,
+        id="hysteresis-three-requests-for-an-idle-group-do-not-swap-at-once",
     ),
     pytest.param(
         group(
             serving(),
-            demand(seen=timedelta(seconds=25)),
+            demand(lasted=timedelta(seconds=25)),
             active="a",
             policy=V1Alpha1Policy(hysteresis_window=timedelta(seconds=30)),
         ),
+        "a",
+        ElectionReason.HYSTERESIS,
+        id="hysteresis-window-from-policy",
+    ),
+    pytest.param(
+        group(
+            serving(priority=50),
+            demand("b", priority=50),
+            demand("c", priority=100, lasted=timedelta(seconds=2)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.HYSTERESIS,
+        id="hysteresis-holds-for-the-winner-not-for-a-lower-challenger",
+    ),
+    pytest.param(
+        group(model("a"), demand("b", lasted=timedelta(0))),
         "b",
         ElectionReason.DEMAND,
-        id="hysteresis-window-from-policy",
+        id="hysteresis-does-not-delay-loading-an-empty-gpu",
     ),
     # Request queue threshold: 3 requests (summed over proxies) justify a swap.
     pytest.param(
@@ -178,13 +213,21 @@ CASES = [
     ),
     # Cooldown after preemption: a preempted model may not take the GPU back within 60 s.
     pytest.param(
-        group(serving(), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=59)), active="a"),
+        group(
+            serving(),
+            model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=59), demand_since=ago(seconds=15)),
+            active="a",
+        ),
         "a",
         ElectionReason.COOLDOWN,
         id="preempted-model-cannot-return-within-60s",
     ),
     pytest.param(
-        group(serving(), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=60)), active="a"),
+        group(
+            serving(),
+            model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=60), demand_since=ago(seconds=15)),
+            active="a",
+        ),
         "b",
         ElectionReason.DEMAND,
         id="preempted-model-returns-after-60s",
@@ -204,7 +247,7 @@ CASES = [
     pytest.param(
         group(
             serving(),
-            model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=100)),
+            model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=100), demand_since=ago(seconds=15)),
             active="a",
             policy=V1Alpha1Policy(cooldown_after_preemption=timedelta(seconds=120)),
         ),
@@ -414,14 +457,14 @@ def test_a_swap_starts_the_preemption_cooldown_and_the_minimum_run() -> None:
         new_swap_id="s1",
     )
     assert first.active == ModelKey("default", "b")
-    assert first.member_updates[ModelKey("default", "a")]["preempted_at"] == NOW
+    assert first.patches[ModelKey("default", "a")].preempted_at == NOW
     assert first.leader_since == NOW
 
     def challenged_at(seconds: int) -> GroupSnapshot:
         """``a`` (priority 200, preempted by that swap) has 3 requests waiting ``seconds`` after it."""
         now = NOW + timedelta(seconds=seconds)
         return group(
-            model("a", priority=200, queued=3, active=now, preempted=NOW),
+            model("a", priority=200, queued=3, active=now, preempted=NOW, demand_since=now - timedelta(seconds=15)),
             model("b", ready=True, ready_since=NOW, active=now - timedelta(seconds=20)),
             active="b",
             leader_since=NOW,
@@ -434,3 +477,28 @@ def test_a_swap_starts_the_preemption_cooldown_and_the_minimum_run() -> None:
     assert elected(29) == ("b", ElectionReason.MINIMUM_RUN)
     assert elected(45) == ("b", ElectionReason.COOLDOWN)
     assert elected(60) == ("a", ElectionReason.DEMAND)
+
+
+def test_hysteresis_is_a_delay_and_a_dip_below_the_threshold_restarts_it() -> None:
+    """Through the planner, as time passes: b's demand reaches the threshold at 0 s, dips to 2 requests at 6 s,
+    is back at 3 from 8 s; a (idle, serving) keeps the GPU until b's demand has lasted 10 s without a dip: 18 s."""
+    from flexinfer_scheduler.domain.plan import apply_plan
+
+    snapshot = group(serving(idle=timedelta(minutes=2)), model("b"), active="a")
+    queued_at = {0: 3, 2: 3, 4: 3, 6: 2, 8: 3, 10: 3, 12: 3, 14: 3, 16: 3, 17: 3, 18: 3}
+    leaders = {}
+    for second, queued in queued_at.items():
+        now = NOW + timedelta(seconds=second)
+        members = tuple(
+            dataclasses.replace(m, queued=queued, last_active_time=now) if m.key.name == "b" else m
+            for m in snapshot.members
+        )
+        snapshot = dataclasses.replace(snapshot, members=members)
+        p = plan_group(snapshot, now, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s{second}")
+        snapshot = apply_plan(snapshot, p)
+        leaders[second] = (p.election.leader.name if p.election.leader else None, p.election.reason)
+    assert leaders[4] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[8] == ("a", ElectionReason.HYSTERESIS)  # the clock restarted at 8 s
+    assert leaders[16] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[17] == ("a", ElectionReason.HYSTERESIS)
+    assert leaders[18] == ("b", ElectionReason.DEMAND)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase, SwapReason
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey
-from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
+from flexinfer_scheduler.domain.plan import GroupPlan, apply_plan, plan_group
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -19,21 +19,7 @@ def plan(snapshot: GroupSnapshot, now: datetime = NOW) -> GroupPlan:
     return plan_group(snapshot, now, ElectionParams(), command_retry=RETRY, new_swap_id="s1")
 
 
-def apply(snapshot: GroupSnapshot, p: GroupPlan) -> GroupSnapshot:
-    """What the store does with a plan, in memory."""
-    members = []
-    for m in snapshot.members:
-        fields = {k: v for k, v in p.member_updates.get(m.key, {}).items() if hasattr(m, k)}
-        members.append(dataclasses.replace(m, **fields))
-    swap = None
-    for u in p.swap_updates:
-        if u.finished_at is None:
-            swap = u.swap
-    if swap is None and p.swap_id is not None and snapshot.swap is not None and snapshot.swap.id == p.swap_id:
-        swap = snapshot.swap
-    return dataclasses.replace(
-        snapshot, members=tuple(members), active=p.active, leader_since=p.leader_since, swap=swap
-    )
+apply = apply_plan
 
 
 def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase) -> GroupSnapshot:
@@ -65,7 +51,7 @@ def test_swap_parks_the_old_model_before_activating_the_new_one() -> None:
     assert first.active == B
     assert [(c.key, c.action) for c in first.commands] == [(A, ScaleAction.PARK)]
     assert first.statuses[B].phase == ModelPhase.LOADING and "waiting for a to park" in first.statuses[B].message
-    assert first.member_updates[A]["preempted_at"] == NOW and first.member_updates[A]["preempted_by"] == "b"
+    assert first.patches[A].preempted_at == NOW and first.patches[A].preempted_by == "b"
     (created,) = first.swap_updates
     assert created.created and created.swap.phase == SwapPhase.PARKING and created.swap.reason == SwapReason.DEMAND
 
@@ -115,7 +101,7 @@ def test_failed_load_is_reported_and_the_model_left_out() -> None:
     )
     b = Member(B, priority=5)
     result = plan(GroupSnapshot("gpu", (a, b), active=A, leader_since=NOW - timedelta(seconds=20)))
-    assert result.member_updates[A]["failed_at"] == NOW
+    assert result.patches[A].failed_at == NOW
     assert result.active == B
     assert result.statuses[A].phase == ModelPhase.FAILED
     assert result.statuses[A].failure == "exit code 1: CUDA out of memory"

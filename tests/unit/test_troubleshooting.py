@@ -249,22 +249,26 @@ def test_continuous_swap_loop_longer_cooldown_fewer_swaps() -> None:
 
 
 @pytest.mark.parametrize(
-    ("busy_for", "preempted_ago", "wins_after"),
+    ("busy_for", "preempted_ago", "max_wait", "wins_after"),
     [
-        # The incumbent serves requests for 6 minutes: the demand must outlive its 2-minute window meanwhile.
-        pytest.param(timedelta(minutes=6), None, timedelta(minutes=8), id="incumbent-busy-then-idle"),
+        # The incumbent serves requests for 6 minutes and B's maxWait is longer: the demand must outlive its
+        # 2-minute window meanwhile, and B wins once the incumbent is idle.
+        pytest.param(
+            timedelta(minutes=6), None, timedelta(minutes=30), timedelta(minutes=8), id="incumbent-busy-then-idle"
+        ),
         # A preemption a minute ago: the 5-minute cooldown holds the incumbent although it is idle.
-        pytest.param(timedelta(0), timedelta(minutes=1), timedelta(minutes=4), id="swap-cooldown-active"),
+        pytest.param(timedelta(0), timedelta(minutes=1), None, timedelta(minutes=4), id="swap-cooldown-active"),
     ],
 )
 def test_demand_signal_not_being_detected(
-    busy_for: timedelta, preempted_ago: timedelta | None, wins_after: timedelta
+    busy_for: timedelta, preempted_ago: timedelta | None, max_wait: timedelta | None, wins_after: timedelta
 ) -> None:
     """A waiting request keeps its demand alive: the proxy re-signals every 10 s, so lastActiveTime never falls out
     of the 2-minute window while the request waits, and the model wins as soon as the incumbent is idle and no
     cooldown runs. Without the refresh the seed's symptom appears: the one signal expires after 2 minutes."""
     for refresh in (True, False):
         sim = two_models()
+        sim.write(B, max_wait=max_wait)
         bring_up(sim, A)
         if preempted_ago is not None:
             sim.write(B, preempted_at=sim.now - preempted_ago)
@@ -286,3 +290,21 @@ def test_demand_signal_not_being_detected(
             assert won_at > timedelta(minutes=2), "the demand outlived the 2-minute window thanks to the refresh"
         else:
             assert won_at is None, f"B won at {won_at} with one demand signal: it should have expired after 2 minutes"
+
+
+def test_a_busy_incumbent_no_longer_starves_an_equal_priority_model() -> None:
+    """The starvation of issue 11: steady traffic on A (a request every tick, so A is never idle) and one request
+    for B of equal priority. B gets the GPU once it has waited its maxWait (the 2-minute demand window by default),
+    plus a drain and a few reconcile periods — long before the 5-minute queue timeout. Before, it waited until its
+    request timed out."""
+    sim = two_models()
+    bring_up(sim, A)
+    proxy = Proxy(sim)
+    start = sim.now
+    proxy.request(B)
+    while not sim.serving(B):
+        assert sim.now - start < QUEUE_TIMEOUT, "B starved behind a busy A"
+        proxy.request(A)
+        proxy.tick()
+    assert timedelta(minutes=2) <= sim.now - start <= timedelta(minutes=2) + 4 * TICK
+    assert sim.running == [B]

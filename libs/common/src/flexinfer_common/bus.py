@@ -54,6 +54,8 @@ def _stream(name: str, subject: str | list[str], max_age: timedelta, **extra: An
 
 STREAMS: tuple[StreamConfig, ...] = (
     _stream(subjects.DEMAND_STREAM, subjects.DEMAND_PREFIX + ".>", timedelta(hours=1)),
+    # The latest in-flight counts of each proxy (a new scheduler leader reads the present, not the history).
+    _stream(subjects.IN_FLIGHT_STREAM, subjects.IN_FLIGHT_PREFIX + ".>", timedelta(minutes=10), max_msgs_per_subject=1),
     _stream(subjects.COMMAND_STREAM, subjects.COMMAND_PREFIX + ".>", timedelta(hours=1)),
     _stream(
         subjects.RUNTIME_STATUS_STREAM,
@@ -74,6 +76,9 @@ STREAMS: tuple[StreamConfig, ...] = (
 
 
 _STOP_TIMEOUT = 5.0
+
+#: How long ``publish_many`` waits for JetStream's acks (the ones still missing count as not published).
+ACK_WAIT = 10.0
 
 
 class BadMessage(ValueError):
@@ -265,6 +270,7 @@ class Bus:
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._consumers: list[Consumer[Any]] = []
+        self._closing = False
 
     @property
     def nc(self) -> NatsClient:
@@ -289,11 +295,16 @@ class Bus:
             log.warning("nats error", extra={"error": repr(exc)})
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected")
+            # nats-py reports its own close (drain) as a disconnection too: only a lost connection is news
+            if self._closing:
+                log.debug("nats connection closed")
+            else:
+                log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
+        self._closing = False
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             try:
@@ -338,6 +349,21 @@ class Bus:
         headers = {"Nats-Msg-Id": msg_id or message_id(self.name)}
         await self.js.publish(subject, message.model_dump_json(by_alias=True).encode(), headers=headers)
 
+    async def publish_many(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[bool]:
+        """Publish many messages to JetStream at once (subject, message or raw bytes, message id), the acks
+        pipelined rather than awaited one by one; True for each message the store acknowledged."""
+        futures: list[asyncio.Future[Any]] = []
+        for subject, message, msg_id in items:
+            payload = message if isinstance(message, bytes) else message.model_dump_json(by_alias=True).encode()
+            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+            futures.append(await self.js.publish_async(subject, payload, headers=headers))
+        if not futures:
+            return []
+        done, pending = await asyncio.wait(futures, timeout=ACK_WAIT)
+        for future in pending:
+            future.cancel()
+        return [f in done and not f.cancelled() and f.exception() is None for f in futures]
+
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""
         await self.nc.publish(subject, message.model_dump_json(by_alias=True).encode())
@@ -368,6 +394,7 @@ class Bus:
         return consumer
 
     async def close(self) -> None:
+        self._closing = True
         for consumer in self._consumers:
             await consumer.stop()
         self._consumers.clear()

@@ -57,6 +57,8 @@ class ModelRow(Base):
     idle_parked_at: Mapped[datetime | None]
     failed_at: Mapped[datetime | None]
     promoted_at: Mapped[datetime | None]
+    # since when the model has wanted the GPU without interruption (hysteresis delay, bounded wait)
+    demand_since: Mapped[datetime | None]
     # where the manifest comes from: "api" (the admin API, local mode) or "kubernetes" (the actuator's spec sync)
     source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
     source_observed_at: Mapped[datetime | None]
@@ -136,6 +138,19 @@ class DemandSignalRow(Base):
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     source: Mapped[str] = mapped_column(String(253), primary_key=True)
     queued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    time: Mapped[datetime]
+
+
+class InFlightRow(Base):
+    """How many requests each proxy (``source``) is forwarding to a model, as it last reported (the drain waits for
+    these to reach zero)."""
+
+    __tablename__ = "in_flight_reports"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    source: Mapped[str] = mapped_column(String(253), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     time: Mapped[datetime]
 
 

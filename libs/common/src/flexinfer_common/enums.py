@@ -55,6 +55,7 @@ class SwapPhase(StrEnum):
 
 class SwapReason(StrEnum):
     DEMAND = "demand"
+    MAX_WAIT = "max-wait"  # a demanded model waited its spec.gpu.maxWait behind a busy one
     FALLBACK = "fallback"
     FORCE_PROMOTION = "force-promotion"
     IDLE_TIMEOUT = "idle-timeout"

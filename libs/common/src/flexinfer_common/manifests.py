@@ -71,6 +71,7 @@ class GpuSpec(_Spec):
     priority: int = 0
     swap_cooldown: Duration | None = Field(None, alias="swapCooldown")
     force_promotion: bool = Field(False, alias="forcePromotion")
+    max_wait: Duration | None = Field(None, alias="maxWait")
     park_strategy: ParkStrategy = Field(ParkStrategy.SCALE_TO_ZERO, alias="parkStrategy")
 
 

@@ -73,6 +73,28 @@ class Demand(Message):
     time: datetime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
 
 
+class InFlightCount(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    namespace: str
+    model: str
+    in_flight: int = Field(ge=1, alias="inFlight", description="Requests being forwarded to the model right now")
+
+
+class InFlightReport(Message):
+    """A proxy's requests in flight, per model: every model it is forwarding to now (a model not listed has none).
+
+    Sent when the counts change (at most once per activity report interval) and every interval while any is not
+    zero, so the scheduler knows when a draining model has finished what it was answering.
+    """
+
+    SUBJECT: ClassVar[str] = "flexinfer.proxy.inflight.<source>"
+
+    source: str = Field(description="The proxy instance (its demand ``source``)")
+    models: list[InFlightCount] = Field(default_factory=list)
+    time: datetime
+
+
 class RuntimeSpec(Message):
     """What the actuator needs to run one model (from the Model manifest)."""
 
@@ -329,6 +351,7 @@ class ModelEvent(Message):
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
     Demand,
+    InFlightReport,
     ScaleCommand,
     RuntimeStatus,
     ActuatorHello,

@@ -10,6 +10,7 @@ from __future__ import annotations
 PREFIX = "flexinfer"
 
 DEMAND_PREFIX = f"{PREFIX}.demand"
+IN_FLIGHT_PREFIX = f"{PREFIX}.proxy.inflight"
 COMMAND_PREFIX = f"{PREFIX}.actuator.command"
 RUNTIME_STATUS_PREFIX = f"{PREFIX}.actuator.status"
 ACTUATOR_HELLO_PREFIX = f"{PREFIX}.actuator.hello"
@@ -21,6 +22,7 @@ SPEC_RESYNC_PREFIX = f"{SPEC_PREFIX}.resync"
 EVENTS_PREFIX = f"{PREFIX}.events"
 
 DEMAND_STREAM = "FLEXINFER_DEMAND"
+IN_FLIGHT_STREAM = "FLEXINFER_IN_FLIGHT"
 COMMAND_STREAM = "FLEXINFER_COMMANDS"
 RUNTIME_STATUS_STREAM = "FLEXINFER_RUNTIME_STATUS"
 MODEL_STATUS_STREAM = "FLEXINFER_MODEL_STATUS"
@@ -40,6 +42,10 @@ def untoken(value: str) -> str:
 
 def demand_subject(namespace: str, model: str) -> str:
     return f"{DEMAND_PREFIX}.{token(namespace)}.{token(model)}"
+
+
+def in_flight_subject(source: str) -> str:
+    return f"{IN_FLIGHT_PREFIX}.{token(source)}"
 
 
 def command_subject(namespace: str, model: str) -> str:

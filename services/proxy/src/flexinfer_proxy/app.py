@@ -17,6 +17,7 @@ from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.demand import DemandSignaller
 from flexinfer_proxy.adapters.forwarding import Forwarder
 from flexinfer_proxy.adapters.http_server import HttpServer
+from flexinfer_proxy.adapters.in_flight import InFlightReporter
 from flexinfer_proxy.adapters.routes_watcher import RouteWatcher
 from flexinfer_proxy.api import ProxyHandler
 from flexinfer_proxy.domain.errors import shutting_down
@@ -67,6 +68,13 @@ class Proxy:
             connect_timeout=settings.proxy_connect_timeout.total_seconds(),
             on_forward=self.tally.started,
         )
+        self.in_flight = InFlightReporter(
+            bus,
+            source=self.instance_id,
+            interval=settings.activity_report_interval.total_seconds(),
+            counts=self.forwarder.in_flight,
+            clock=clock,
+        )
         self.watcher = RouteWatcher(bus, self, check_interval=route_check_interval)
         self.handler = ProxyHandler(
             routes=self.routes,
@@ -109,6 +117,7 @@ class Proxy:
     async def start(self) -> None:
         self.forwarder.start()
         await self.demand.start()
+        await self.in_flight.start()
         await self.watcher.start()
         await self.server.start(self.settings.bind_host, self.settings.proxy_port, reuse_port=self.reuse_port)
         self._started = True
@@ -140,5 +149,6 @@ class Proxy:
         await self.watcher.stop()
         await self.demand.flush(within=1.0)
         await self.demand.stop()
+        await self.in_flight.stop()
         await self.forwarder.close()
         log.info("proxy stopped")

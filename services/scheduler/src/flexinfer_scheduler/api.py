@@ -15,10 +15,12 @@ from flexinfer_common.errors import ApiError, ErrorBody, ErrorCode
 from flexinfer_common.local_commands import check_local_command
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.service import ReadinessCheck, admin_app, admin_router
-from flexinfer_scheduler.adapters.store import API_ORIGIN, Store, visible_group
+from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import cooldown_remaining
+from flexinfer_scheduler.domain.manifests import visible_group
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.loop import Scheduler, model_status
+from flexinfer_scheduler.ports import API_ORIGIN, StoredStatus
 
 
 def model_json(row: ModelRow) -> dict[str, Any]:
@@ -170,7 +172,7 @@ def create_app(
         for snapshot in world.groups:
             if visible_group(snapshot.name) is None:
                 continue
-            out.append(group_json(snapshot, rows.get(snapshot.name), world.models, now, scheduler))
+            out.append(group_json(snapshot, rows.get(snapshot.name), world.statuses, now, scheduler))
         return out
 
     @api.get("/groups", response_model=GroupList, response_model_by_alias=True)
@@ -195,10 +197,14 @@ def create_app(
 
 
 def group_json(
-    snapshot: GroupSnapshot, row: GroupRow | None, models: dict[ModelKey, ModelRow], now: datetime, scheduler: Scheduler
+    snapshot: GroupSnapshot,
+    row: GroupRow | None,
+    statuses: dict[ModelKey, StoredStatus],
+    now: datetime,
+    scheduler: Scheduler,
 ) -> dict[str, Any]:
     lease = snapshot.lease if snapshot.lease is not None and snapshot.lease.is_active(now) else None
-    active_row = models.get(snapshot.active) if snapshot.active else None
+    active_row = statuses.get(snapshot.active) if snapshot.active else None
     if lease is not None:
         state = "Leased"
     elif snapshot.swap is not None:
@@ -212,18 +218,18 @@ def group_json(
     remaining: timedelta = cooldown_remaining(snapshot, now, scheduler.params)
     members = []
     for member in sorted(snapshot.members, key=lambda m: (-m.priority, m.key.name)):
-        r = models[member.key]
+        status = statuses[member.key]
         members.append(
             {
-                "namespace": r.namespace,
-                "name": r.name,
-                "priority": r.priority,
-                "phase": r.phase,
-                "state": r.shared_state,
-                "queuePosition": r.queue_position,
-                "lastActiveTime": rfc3339(r.last_active_time),
-                "preemptedAt": rfc3339(r.preempted_at),
-                "preemptedBy": r.preempted_by,
+                "namespace": member.key.namespace,
+                "name": member.key.name,
+                "priority": member.priority,
+                "phase": status.phase,
+                "state": status.shared_state,
+                "queuePosition": status.queue_position,
+                "lastActiveTime": rfc3339(member.last_active_time),
+                "preemptedAt": rfc3339(member.preempted_at),
+                "preemptedBy": status.preempted_by,
             }
         )
     return {

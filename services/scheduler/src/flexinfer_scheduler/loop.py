@@ -1,9 +1,10 @@
-"""The scheduler's loop: observe (bus inputs into Postgres) -> decide (plan_group, pure) -> apply (one
-transaction, then commands, routes, statuses and events on the bus).
+"""The scheduler's loop: observe (bus inputs into the store) -> decide (plan_group, pure) -> apply (one
+transaction, then what the plan says to publish: routes, statuses, events and, last, commands).
 
-Event-driven for speed (a demand or a runtime report starts a pass at once) and level-triggered for safety (a
-pass runs every reconcile interval anyway). Only the replica holding the Postgres advisory lock leads: it alone
-consumes the bus and runs passes. Everything a pass needs is in Postgres, so a new leader resumes any swap.
+Event-driven for speed (a demand, an in-flight report or a runtime report starts a pass at once) and
+level-triggered for safety (a pass runs every reconcile interval anyway). Only the replica holding the leader lock
+leads: it alone consumes the bus and runs passes. Everything a pass needs is in the store, so a new leader resumes
+any swap. The loop sees the world only through its ports (``ports.py``): a store, a bus, a leader lock.
 """
 
 from __future__ import annotations
@@ -11,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-import asyncpg
-from sqlalchemy.engine import make_url
+from pydantic import BaseModel
 
 from flexinfer_common import subjects
-from flexinfer_common.bus import Bus, Delivery, decode_demand, decode_json
+from flexinfer_common.bus import Delivery, decode_demand, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
 from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPhase
@@ -31,6 +30,7 @@ from flexinfer_common.messages import (
     ActuatorHello,
     Demand,
     GroupStatusUpdate,
+    InFlightReport,
     LeaseRef,
     ModelRef,
     ModelStatus,
@@ -51,17 +51,19 @@ from flexinfer_common.metrics import (
     SWAP_DURATION,
     SWAPS,
 )
-from flexinfer_scheduler.adapters.store import Store, spec_facts, visible_group
 from flexinfer_scheduler.domain.election import ElectionParams
-from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_scheduler.domain.manifests import spec_facts, visible_group
+from flexinfer_scheduler.domain.model import Member, ModelKey
 from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
+from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore, Stoppable, World
 from flexinfer_scheduler.settings import SchedulerSettings
-from flexinfer_scheduler.specs import SpecInbox, decode_spec_message
+from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
 
 log = get_logger("flexinfer.scheduler")
 
-# Groups per slice of the periodic reconcile (about 1,000 models: a few tens of milliseconds).
-RECONCILE_CHUNK = 100
+# Groups per slice of the periodic reconcile (about 250 models: a few milliseconds). An event that arrives during a
+# slice waits for it to end, so a slice bounds the reaction to a demand from above.
+RECONCILE_CHUNK = 25
 
 
 @dataclass
@@ -71,9 +73,20 @@ class PassResult:
 
 
 class Scheduler:
-    def __init__(self, *, store: Store, bus: Bus, settings: SchedulerSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        store: SchedulerStore,
+        bus: SchedulerBus,
+        lock: LeaderLock,
+        settings: SchedulerSettings,
+        clock: Clock,
+        spec_store: SpecStore | None = None,
+    ) -> None:
         self.store = store
         self.bus = bus
+        self.lock = lock
+        self.spec_store = spec_store
         self.settings = settings
         self.clock = clock
         self.params = ElectionParams(
@@ -81,19 +94,22 @@ class Scheduler:
             recent_window=settings.recent_leader_window,
             default_swap_cooldown=settings.default_swap_cooldown,
         )
+        # The proxies report in-flight counts every activity interval: a report older than a few is from a proxy
+        # that is gone, and a drain waits one interval for the counts of a model that served lately.
+        self.drain_settle = settings.activity_report_interval
+        self.in_flight_ttl = max(3 * settings.activity_report_interval, timedelta(seconds=5))
         self.is_leader = False
         self._kick = asyncio.Event()
         self._dirty: set[str] = set()
         self._full_pass_due = True
-        self._last_full_pass = 0.0
+        self._last_full_pass = -float("inf")
         # what was last published per model, to publish only changes
         self._routes: dict[ModelKey, tuple[Any, ...]] = {}
         self._statuses: dict[ModelKey, tuple[Any, ...]] = {}
         self._group_statuses: dict[str, tuple[Any, ...]] = {}
         self._active_metric: dict[str, str] = {}
-        self._kv: Any = None
-        self._consumers: list[Any] = []
-        self._last_prune = 0.0
+        self._consumers: list[Stoppable] = []
+        self._last_prune = -float("inf")
 
     def kick(self, group: str | None = None) -> None:
         """Ask for an election pass now: of one group (an event named it) or of every group (``None``)."""
@@ -103,42 +119,38 @@ class Scheduler:
             self._dirty.add(group)
         self._kick.set()
 
+    @staticmethod
+    def _monotonic() -> float:
+        return asyncio.get_running_loop().time()  # the loop's clock: tests fast-forward it
+
     # ---- leadership --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        lock_conn: asyncpg.Connection | None = None
+        interval = self.settings.reconcile_interval.total_seconds()
         try:
             while not stop.is_set():
                 if not self.is_leader:
-                    lock_conn = await self._try_lead(lock_conn)
+                    self.is_leader = await self.lock.try_acquire()
                     if not self.is_leader:
-                        await _wait(stop, self.settings.reconcile_interval.total_seconds())
+                        await _wait(stop, interval)
                         continue
                     try:
                         await self._become_leader()
                     except Exception:
                         log.exception("could not start leading (bus?); releasing the lock and retrying")
                         await self._step_down()
-                        if lock_conn is not None:
-                            with contextlib.suppress(Exception):
-                                await lock_conn.close()
-                        lock_conn = None
-                        await _wait(stop, self.settings.reconcile_interval.total_seconds())
+                        await self.lock.release()
+                        await _wait(stop, interval)
                         continue
-                try:
-                    await asyncio.wait_for(lock_conn.fetchval("SELECT 1"), timeout=5)  # type: ignore[union-attr]
-                except Exception as exc:
-                    log.error("lost the leader lock's connection; stepping down", extra={"error": repr(exc)})
+                if not await self.lock.still_held():
+                    log.error("lost the leader lock; stepping down")
                     await self._step_down()
-                    lock_conn = None
                     continue
-                full = self._full_pass_due or (
-                    time.monotonic() - self._last_full_pass >= self.settings.reconcile_interval.total_seconds()
-                )
+                full = self._full_pass_due or self._monotonic() - self._last_full_pass >= interval
                 self._full_pass_due = False
                 try:
                     if full:
                         await self.reconcile()
-                        self._last_full_pass = time.monotonic()
+                        self._last_full_pass = self._monotonic()
                     else:
                         await self._pass_dirty()
                 except Exception:
@@ -147,24 +159,7 @@ class Scheduler:
                 await self._wait_for_kick(stop)
         finally:
             await self._step_down()
-            if lock_conn is not None:
-                with contextlib.suppress(Exception):
-                    await lock_conn.close()
-
-    async def _try_lead(self, conn: asyncpg.Connection | None) -> asyncpg.Connection | None:
-        try:
-            if conn is None or conn.is_closed():
-                url = make_url(self.settings.database_url).set(drivername="postgresql")
-                conn = await asyncpg.connect(url.render_as_string(hide_password=False), timeout=5)
-            self.is_leader = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.settings.leader_lock_id))
-        except Exception as exc:
-            log.warning("cannot reach Postgres for the leader lock", extra={"error": repr(exc)})
-            self.is_leader = False
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-            return None
-        return conn
+            await self.lock.release()
 
     async def _become_leader(self) -> None:
         log.info("leading: consuming the bus and running elections")
@@ -172,37 +167,41 @@ class Scheduler:
         self._routes.clear()  # publish every route once as the new leader
         self._statuses.clear()
         self._group_statuses.clear()
-        self._kv = await self.bus.routes()
-        self._consumers = [
-            await self.bus.consume(
-                stream=subjects.DEMAND_STREAM,
-                durable="scheduler-demand",
-                filter_subject=subjects.DEMAND_PREFIX + ".>",
-                decode=decode_demand,
-                handler=self.on_demand,
+        consumers: list[Any] = [
+            (subjects.DEMAND_STREAM, "scheduler-demand", subjects.DEMAND_PREFIX, decode_demand, self.on_demand),
+            (
+                subjects.IN_FLIGHT_STREAM,
+                "scheduler-in-flight",
+                subjects.IN_FLIGHT_PREFIX,
+                partial(decode_json, InFlightReport),
+                self.on_in_flight,
             ),
-            await self.bus.consume(
-                stream=subjects.RUNTIME_STATUS_STREAM,
-                durable="scheduler-runtime",
-                filter_subject=subjects.RUNTIME_STATUS_PREFIX + ".>",
-                decode=partial(decode_json, RuntimeStatus),
-                handler=self.on_runtime_status,
+            (
+                subjects.RUNTIME_STATUS_STREAM,
+                "scheduler-runtime",
+                subjects.RUNTIME_STATUS_PREFIX,
+                partial(decode_json, RuntimeStatus),
+                self.on_runtime_status,
             ),
-            await self.bus.consume(
-                stream=subjects.SPEC_STREAM,
-                durable="scheduler-specs",
-                filter_subject=subjects.SPEC_PREFIX + ".>",
-                decode=decode_spec_message,
-                handler=SpecInbox(store=self.store, hooks=self, clock=self.clock).handle,
-            ),
-            await self.bus.consume(
-                stream=subjects.RUNTIME_STATUS_STREAM,
-                durable="scheduler-hello",
-                filter_subject=subjects.ACTUATOR_HELLO_PREFIX + ".>",
-                decode=partial(decode_json, ActuatorHello),
-                handler=self.on_actuator_hello,
+            (
+                subjects.RUNTIME_STATUS_STREAM,
+                "scheduler-hello",
+                subjects.ACTUATOR_HELLO_PREFIX,
+                partial(decode_json, ActuatorHello),
+                self.on_actuator_hello,
             ),
         ]
+        if self.spec_store is not None:
+            inbox = SpecInbox(store=self.spec_store, hooks=self, clock=self.clock)
+            consumers.append(
+                (subjects.SPEC_STREAM, "scheduler-specs", subjects.SPEC_PREFIX, decode_spec_message, inbox.handle)
+            )
+        for stream, durable, prefix, decode, handler in consumers:
+            self._consumers.append(
+                await self.bus.consume(
+                    stream=stream, durable=durable, filter_subject=prefix + ".>", decode=decode, handler=handler
+                )
+            )
         self.kick()
 
     async def _step_down(self) -> None:
@@ -248,6 +247,12 @@ class Scheduler:
                 extra={"model": f"{demand.namespace}/{demand.model}"},
             )
 
+    async def on_in_flight(self, report: InFlightReport, _: Delivery) -> None:
+        now = self.clock.now()
+        counts = {ModelKey(c.namespace, c.model): c.in_flight for c in report.models}
+        for group in await self.store.record_in_flight(source=report.source, counts=counts, when=min(report.time, now)):
+            self.kick(group)  # a count fell to zero: a drain may be over
+
     async def on_runtime_status(self, status: RuntimeStatus, _: Delivery) -> None:
         group = await self.store.record_runtime(
             namespace=status.namespace,
@@ -284,19 +289,13 @@ class Scheduler:
             await self.election_pass(set(names[start : start + RECONCILE_CHUNK]))
         await self._pass_dirty()
         await self._forget_deleted(await self.store.model_keys())
-        if time.monotonic() - self._last_prune > 60:
-            self._last_prune = time.monotonic()
+        if self._monotonic() - self._last_prune > 60:
+            self._last_prune = self._monotonic()
             await self.store.prune(self.clock.now(), self.settings.prune_after)
 
-    async def election_pass(self, groups: set[str] | None = None) -> PassResult:
-        """Elect and apply for every group, or only for ``groups`` (those an event touched)."""
-        started = time.perf_counter()
-        now = self.clock.now()
-        world, leases_ok = await self.store.load_world(now, self.settings.shared_demand_window, groups)
-        if not leases_ok:
-            LEASE_READ_ERRORS.inc()
-            log.warning("lease read failed; electing as if unleased (fail open toward serving)")
-        plans = [
+    def plan(self, world: World, now: datetime) -> list[GroupPlan]:
+        """The decision of one pass: a plan per group (pure)."""
+        return [
             plan_group(
                 group,
                 now,
@@ -304,19 +303,88 @@ class Scheduler:
                 command_retry=self.settings.command_retry,
                 new_swap_id=new_id(),
                 restart_backoff=self.settings.restart_backoff,
+                drain_timeout=self.settings.drain_timeout,
+                drain_settle=self.drain_settle,
             )
             for group in world.groups
         ]
+
+    async def election_pass(self, groups: set[str] | None = None) -> PassResult:
+        """Elect and apply for every group, or only for ``groups`` (those an event touched)."""
+        started = time.perf_counter()
+        now = self.clock.now()
+        world, leases_ok = await self.store.load_world(
+            now, self.settings.shared_demand_window, groups, in_flight_ttl=self.in_flight_ttl
+        )
+        if not leases_ok:
+            LEASE_READ_ERRORS.inc()
+            log.warning("lease read failed; electing as if unleased (fail open toward serving)")
+        plans = self.plan(world, now)
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
         await self.store.apply_plans(world, plans, now)
-        rows = world.models
-        await _bounded_gather([self._publish(plan, rows, now) for plan in plans])
+        await self._publish(plans, now)
         if groups is None:
-            await self._forget_deleted(set(rows))
+            await self._forget_deleted({key for plan in plans for key in plan.members})
         return PassResult(plans, elapsed)
 
-    async def _publish(self, plan: GroupPlan, rows: dict[ModelKey, ModelRow], now: datetime) -> None:
+    async def _publish(self, plans: list[GroupPlan], now: datetime) -> None:
+        """What the plans say to publish, in the order that keeps the proxies safe and the commands prompt: routes
+        first (a model being parked was already published not ready, in the pass that started its drain), then
+        commands, then what only observers read (statuses, the groups' status, swap events). What did not change
+        is left out before any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here);
+        the rest of each step goes out together (JetStream acks pipelined)."""
+        routes = [
+            r
+            for plan in plans
+            for k, v in plan.statuses.items()
+            if (r := self._route(plan.members[k], plan.group, v, now))
+        ]
+        if routes:
+            try:
+                written = await self.bus.put_routes([route for _, _, route in routes])
+            except Exception as exc:
+                log.warning("route publish failed; retrying next pass", extra={"error": repr(exc)})
+                written = [False] * len(routes)
+            for (key, fields, _), ok in zip(routes, written, strict=True):
+                if ok:
+                    self._routes[key] = fields
+            if not all(written):
+                log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
+        commands = [self._command(command, plan, now) for plan in plans for command in plan.commands]
+        await self._publish_all([c for c in commands if c is not None], "command")
+        statuses = [
+            u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now))
+        ]
+        groups = [g for plan in plans if (g := self._group_status(plan, now))]
+        events = [e for plan in plans for e in self._swap_events(plan, now)]
+        published = await self._publish_all(
+            [
+                *((subjects.model_status_subject(k.namespace, k.name), u, None) for k, _, u in statuses),
+                *((subjects.group_status_subject(g), u, None) for g, _, u in groups),
+                *events,
+            ],
+            "status",
+        )
+        for (key, fields, _), ok in zip(statuses, published, strict=False):
+            if ok:
+                self._statuses[key] = fields
+        for (group, fields, _), ok in zip(groups, published[len(statuses) :], strict=False):
+            if ok:
+                self._group_statuses[group] = fields
+        for plan in plans:
+            active_name = plan.active.name if plan.active else ""
+            previous = self._active_metric.get(plan.group)
+            if previous != active_name:
+                if previous:
+                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
+                if active_name:
+                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
+                self._active_metric[plan.group] = active_name
+
+    def _swap_events(self, plan: GroupPlan, now: datetime) -> list[tuple[str, BaseModel, str | None]]:
+        """The plan's swap events (and their metrics and log lines)."""
+        out: list[tuple[str, BaseModel, str | None]] = []
         for update in plan.swap_updates:
             swap = update.swap
             if update.created:
@@ -350,7 +418,7 @@ class Scheduler:
                 message=update.message,
                 time=now,
             )
-            await self._safe_publish(subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}")
+            out.append((subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}"))
             log.info(
                 kind,
                 extra={
@@ -362,35 +430,21 @@ class Scheduler:
                     "reason": swap.reason.value,
                 },
             )
-        active_name = plan.active.name if plan.active else ""
-        previous = self._active_metric.get(plan.group)
-        if previous != active_name:
-            if previous:
-                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
-            if active_name:
-                GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
-            self._active_metric[plan.group] = active_name
-        for key, view in plan.statuses.items():
-            row = rows.get(key)
-            if row is not None:
-                await self._publish_route(key, plan.group, row, view, now)
-                await self._publish_status(key, row, now)
-        await self._publish_group_status(plan, now)
-        # Commands last: a model being parked has just been published as not ready, so the proxies stop sending
-        # it new requests before it is told to stop.
-        for command in plan.commands:
-            row = rows.get(command.key)
-            if row is not None:
-                await self._send(command, plan, row, now)
+        return out
 
-    async def _send(self, command: Command, plan: GroupPlan, row: ModelRow, now: datetime) -> None:
-        runtime = self.store.spec_facts(row).runtime(row.namespace, row.name)
+    def _command(self, command: Command, plan: GroupPlan, now: datetime) -> tuple[str, BaseModel, str | None] | None:
+        """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
+        runtime = command.runtime
+        if runtime is None:
+            log.error("no runtime spec for a command; not sent", extra={"model": str(command.key)})
+            return None
         if plan.drain_timeout is not None:
             runtime = runtime.model_copy(update={"drain_seconds": plan.drain_timeout.total_seconds()})
+        key = command.key
         message = ScaleCommand(
             group=plan.group,
-            namespace=row.namespace,
-            model=row.name,
+            namespace=key.namespace,
+            model=key.name,
             action=command.action,
             generation=command.generation,
             swap_id=command.swap_id,
@@ -400,107 +454,118 @@ class Scheduler:
         log.info(
             "command",
             extra={
-                "model": f"{row.namespace}/{row.name}",
+                "model": str(key),
                 "action": command.action.value,
                 "generation": command.generation,
                 "reissue": command.reissue,
             },
         )
-        await self._safe_publish(
-            subjects.command_subject(row.namespace, row.name),
-            message,
-            msg_id=message_id("scheduler"),
-        )
+        return subjects.command_subject(key.namespace, key.name), message, message_id("scheduler")
 
-    async def _publish_route(self, key: ModelKey, group: str, row: ModelRow, view: StatusView, now: datetime) -> None:
-        facts = self.store.spec_facts(row)
-        ready = view.ready and row.desired_action == ScaleAction.ACTIVATE.value
+    async def _publish_all(self, items: list[tuple[str, BaseModel, str | None]], what: str) -> list[bool]:
+        """Publish together; a failure is logged (a lost command is re-sent after command_retry, a status or route
+        is published again by the next pass)."""
+        if not items:
+            return []
+        try:
+            published = await self.bus.publish_many(items)
+        except Exception as exc:
+            log.warning("publish failed", extra={"what": what, "error": repr(exc)})
+            return [False] * len(items)
+        if not all(published):
+            log.warning("publish failed", extra={"what": what, "failed": published.count(False)})
+        return published
+
+    def _route(
+        self, member: Member, group: str, view: StatusView, now: datetime
+    ) -> tuple[ModelKey, tuple[Any, ...], Route] | None:
+        """The member's route, when it differs from the one last published."""
+        key = member.key
+        ready = view.ready and member.desired_action == ScaleAction.ACTIVATE
         fields = (
             visible_group(group),
-            row.priority,
-            facts.service_labels,
+            member.priority,
+            member.service_labels,
             view.phase,
             view.state,
             ready,
-            row.endpoint if ready else None,
+            member.endpoint if ready else None,
             view.failure,
-            row.command_generation,
-            ready and row.runtime_message == WOKEN,
+            member.command_generation,
+            ready and member.runtime_message == WOKEN,
         )
         if self._routes.get(key) == fields:
-            return  # write only what changed: a quiet system publishes nothing
+            return None  # write only what changed: a quiet system publishes nothing
         route = Route(
             namespace=key.namespace,
             name=key.name,
             group=fields[0],
-            priority=row.priority,
-            service_labels=list(facts.service_labels),
+            priority=member.priority,
+            service_labels=list(member.service_labels),
             phase=view.phase,
             state=view.state,
             ready=ready,
             endpoint=fields[6],
             failure=view.failure,
-            generation=row.command_generation,
+            generation=member.command_generation,
             woken=fields[9],
             updated_at=now,
         )
-        try:
-            await self._kv.put(subjects.route_key(key.namespace, key.name), route.to_bytes())
-            self._routes[key] = fields
-        except Exception as exc:
-            log.warning("route publish failed; retrying next pass", extra={"model": str(key), "error": repr(exc)})
+        return key, fields, route
 
-    async def _publish_status(self, key: ModelKey, row: ModelRow, now: datetime) -> None:
+    def _status(
+        self, member: Member, view: StatusView, now: datetime
+    ) -> tuple[ModelKey, tuple[Any, ...], ModelStatusUpdate] | None:
+        """The member's status (the contract's Model status), when it differs from the one last published."""
+        key = member.key
         fields = (
-            row.phase,
-            row.last_active_time,
-            row.shared_state,
-            row.queue_position,
-            row.preempted_at,
-            row.preempted_by,
-            row.message,
-            row.observed_generation,
+            view.phase,
+            member.last_active_time,
+            view.state,
+            view.queue_position,
+            member.preempted_at,
+            view.preempted_by,
+            view.message,
+            member.observed_generation,
         )
         if self._statuses.get(key) == fields:
-            return
-        update = ModelStatusUpdate(namespace=key.namespace, model=key.name, status=model_status(row), time=now)
-        await self._safe_publish(subjects.model_status_subject(key.namespace, key.name), update, None)
-        self._statuses[key] = fields
+            return None
+        status = ModelStatus(
+            phase=view.phase,
+            last_active_time=member.last_active_time,
+            shared_group=SharedGroupStatus(
+                state=view.state, queue_position=view.queue_position, preempted_at=member.preempted_at
+            ),
+            preempted_by=view.preempted_by,
+            message=view.message,
+            observed_generation=member.observed_generation,
+        )
+        return key, fields, ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
 
-    async def _publish_group_status(self, plan: GroupPlan, now: datetime) -> None:
+    def _group_status(self, plan: GroupPlan, now: datetime) -> tuple[str, tuple[Any, ...], GroupStatusUpdate] | None:
         """A shared group's holder and queue (a GPUGroup's status in Kubernetes), when they changed."""
         if visible_group(plan.group) is None:
-            return
-        queued = sorted(
-            (view.queue_position, key)
-            for key, view in plan.statuses.items()
-            if view.state is SharedState.QUEUED and view.queue_position is not None
-        )
+            return None
+        queue = plan.queue
         lease = (plan.lease.name, plan.lease.owner, plan.lease.acquired_at) if plan.lease else None
-        fields = (plan.active, tuple(key for _, key in queued), lease)
+        fields = (plan.active, tuple(queue), lease)
         if self._group_statuses.get(plan.group) == fields:
-            return
+            return None
         update = GroupStatusUpdate(
             group=plan.group,
             active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
-            queue=[ModelRef(namespace=key.namespace, name=key.name) for _, key in queued],
+            queue=[ModelRef(namespace=key.namespace, name=key.name) for key in queue],
             lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2]) if lease else None,
             time=now,
         )
-        await self._safe_publish(subjects.group_status_subject(plan.group), update, None)
-        self._group_statuses[plan.group] = fields
+        return plan.group, fields, update
 
     async def _forget_deleted(self, present: set[ModelKey]) -> None:
         for key in [k for k in self._routes if k not in present]:
             with contextlib.suppress(Exception):
-                await self._kv.delete(subjects.route_key(key.namespace, key.name))
+                await self.bus.delete_route(key)
             self._routes.pop(key, None)
             self._statuses.pop(key, None)
-
-    async def _routes_kv(self) -> Any:
-        if self._kv is None:
-            self._kv = await self.bus.routes()
-        return self._kv
 
     async def announce(self, row: ModelRow) -> None:
         """A new model: tell the proxies at once that it exists (not ready yet), so a request sent right after
@@ -516,24 +581,17 @@ class Scheduler:
             updated_at=self.clock.now(),
         )
         try:
-            await (await self._routes_kv()).create(subjects.route_key(row.namespace, row.name), route.to_bytes())
+            await self.bus.create_route(route)
         except Exception as exc:
-            log.debug("route already announced", extra={"model": f"{row.namespace}/{row.name}", "error": repr(exc)})
+            log.warning("route not announced", extra={"model": f"{row.namespace}/{row.name}", "error": repr(exc)})
 
     async def forget_route(self, namespace: str, name: str) -> None:
         """A model was deleted through the admin API: the proxy must stop knowing it at once."""
         key = ModelKey(namespace, name)
         with contextlib.suppress(Exception):
-            await (await self._routes_kv()).delete(subjects.route_key(namespace, name))
+            await self.bus.delete_route(key)
         self._routes.pop(key, None)
         self._statuses.pop(key, None)
-
-    async def _safe_publish(self, subject: str, message: Any, msg_id: str | None) -> None:
-        try:
-            await self.bus.publish(subject, message, msg_id=msg_id)
-        except Exception as exc:
-            # A lost command is re-sent by the reconcile (command_retry); routes and statuses are re-published.
-            log.warning("publish failed", extra={"subject": subject, "error": repr(exc)})
 
 
 def model_status(row: ModelRow) -> ModelStatus:
@@ -549,17 +607,6 @@ def model_status(row: ModelRow) -> ModelStatus:
         message=row.message,
         observed_generation=row.observed_generation,
     )
-
-
-async def _bounded_gather(coroutines: list[Coroutine[Any, Any, None]], limit: int = 64) -> None:
-    """Run publishes concurrently (JetStream acks pipeline), at most ``limit`` at a time."""
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(coroutine: Coroutine[Any, Any, None]) -> None:
-        async with semaphore:
-            await coroutine
-
-    await asyncio.gather(*(one(c) for c in coroutines))
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

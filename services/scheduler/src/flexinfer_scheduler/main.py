@@ -10,6 +10,7 @@ from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.logs import get_logger
 from flexinfer_common.runner import tune_gc
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
+from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
 from flexinfer_scheduler.loop import Scheduler
@@ -25,7 +26,14 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     await bus.connect()
     await bus.ensure_streams()
     clock = SystemClock()
-    scheduler = Scheduler(store=store, bus=bus, settings=settings, clock=clock)
+    scheduler = Scheduler(
+        store=store,
+        bus=NatsSchedulerBus(bus),
+        lock=AdvisoryLock(settings.database_url, settings.leader_lock_id),
+        settings=settings,
+        clock=clock,
+        spec_store=store,
+    )
 
     readiness = database_and_bus_readiness(engine, bus)
 

@@ -11,3 +11,6 @@ class SchedulerSettings(CommonSettings):
     restart_backoff: Duration = timedelta(seconds=10)
     leader_lock_id: int = 0x466C6578  # "Flex"
     prune_after: Duration = timedelta(hours=1)
+    # How long a swap waits for the outgoing model's requests in flight before parking it (a v1alpha1 GPUGroup's
+    # drainTimeoutSeconds wins for its group).
+    drain_timeout: Duration = timedelta(seconds=60)

@@ -6,6 +6,7 @@ and a deletion nobody saw is found by the next resync.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Protocol
 
 from flexinfer_common import subjects
@@ -15,8 +16,8 @@ from flexinfer_common.db import ModelRow
 from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.messages import SpecChange, SpecResync
-from flexinfer_scheduler.adapters.store import Origin, Store
 from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_scheduler.ports import Origin
 
 log = get_logger("flexinfer.scheduler.specs")
 
@@ -44,6 +45,26 @@ def decode_spec_message(subject: str, data: bytes) -> SpecMessage:
     return change
 
 
+class SpecStore(Protocol):
+    """What applying specs needs from the store (``adapters.store.Store`` and the in-memory store fit)."""
+
+    async def put_model(self, model: Model, now: datetime, origin: Origin = ...) -> tuple[ModelRow, bool]: ...
+
+    async def delete_model(self, namespace: str, name: str, origin: Origin = ...) -> ModelRow | None: ...
+
+    async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = ...) -> bool: ...
+
+    async def delete_group(self, name: str, origin: Origin = ...) -> bool: ...
+
+    async def resync_models(
+        self, *, source: str, namespaces: list[str] | None, present: set[ModelKey], listed_at: datetime
+    ) -> list[ModelRow]: ...
+
+    async def resync_groups(
+        self, *, source: str, namespaces: list[str] | None, present: set[str], listed_at: datetime
+    ) -> list[str]: ...
+
+
 class SchedulerHooks(Protocol):
     """What applying a spec needs from the scheduler loop."""
 
@@ -57,7 +78,7 @@ class SchedulerHooks(Protocol):
 class SpecInbox:
     """Applies spec messages to the store and tells the loop."""
 
-    def __init__(self, *, store: Store, hooks: SchedulerHooks, clock: Clock) -> None:
+    def __init__(self, *, store: SpecStore, hooks: SchedulerHooks, clock: Clock) -> None:
         self.store = store
         self.hooks = hooks
         self.clock = clock

@@ -4,125 +4,58 @@ record demand and actuator reports, and keep the admin API's manifests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy import Table, Text, bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import defer
 
-from flexinfer_common.db import DemandSignalRow, GroupRow, LeaseRow, ModelRow, ProcessedMessageRow, SwapRow
+from flexinfer_common.db import (
+    DemandSignalRow,
+    GroupRow,
+    InFlightRow,
+    LeaseRow,
+    ModelRow,
+    ProcessedMessageRow,
+    SwapRow,
+)
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
 from flexinfer_common.manifests import GPUGroup, Model
-from flexinfer_common.messages import RuntimeSpec
+from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
-
-SOLO_PREFIX = "solo."
-
-
-def solo_group(key: ModelKey) -> str:
-    """A model outside any shared group still needs a leader election of its own (it always wins it)."""
-    return f"{SOLO_PREFIX}{key.namespace}.{key.name}"
-
-
-def visible_group(name: str | None) -> str | None:
-    """The group a user sees: none for a model served on its own."""
-    return None if name is None or name.startswith(SOLO_PREFIX) else name
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Who wrote a manifest: the admin API (``api``), or a watcher of Kubernetes resources handing on what it saw
-    at ``observed_at`` (``metadata.generation`` = ``generation``)."""
-
-    source: str
-    observed_at: datetime | None = None
-    generation: int | None = None
-
-    def is_older_than(self, stored: datetime | None) -> bool:
-        """A change observed before the one stored is stale (redelivered or overtaken)."""
-        return self.observed_at is not None and stored is not None and self.observed_at < stored
-
-    def may_delete(self, owner: str, stored: datetime | None) -> bool:
-        """The admin API deletes anything; a watcher only what it owns, and not with a stale observation."""
-        if self.source == API_ORIGIN.source:
-            return True
-        return owner == self.source and not self.is_older_than(stored)
-
-
-API_ORIGIN = Origin("api")
-
+from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, changes_of
 
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
 
-@dataclass(frozen=True)
-class World:
-    """Everything one election pass reads."""
+def _recent_sum(
+    table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, *, since: datetime
+) -> Any:
+    """The sum of ``amount`` over the model's rows of ``table`` (one per source) reported since ``since``."""
+    return (
+        select(func.coalesce(func.sum(amount), 0))
+        .where(table.namespace == models.c.namespace, table.name == models.c.name, table.time >= since)
+        .scalar_subquery()
+    )
 
-    groups: list[GroupSnapshot]
-    models: dict[ModelKey, ModelRow]
-    group_rows: dict[str, GroupRow]
-    by_name: dict[str, GroupSnapshot] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.by_name.update((g.name, g) for g in self.groups)
-
-    def group(self, name: str) -> GroupSnapshot | None:
-        return self.by_name.get(name)
+def cast_text(column: Any) -> Any:
+    return sql_cast(column, Text)
 
 
 def _key(row: ModelRow) -> ModelKey:
     return ModelKey(row.namespace, row.name)
 
 
-@dataclass(frozen=True)
-class SpecFacts:
-    """What the election reads from a Model's spec (parsed once per spec generation, not once per pass)."""
-
-    swap_cooldown: timedelta | None
-    idle_timeout: timedelta | None
-    force_promotion: bool
-    service_labels: tuple[str, ...]
-
-    model: Model
-
-    def runtime(self, namespace: str, name: str) -> RuntimeSpec:
-        """What the actuator needs to run the model."""
-        spec = self.model.spec
-        return RuntimeSpec(
-            namespace=namespace,
-            name=name,
-            deployment=spec.deployment or name,
-            command=spec.local.command,
-            env=spec.local.env,
-            port=spec.endpoint.port,
-            readiness_path=spec.endpoint.readiness_path or "/health",
-            park_strategy=spec.gpu.park_strategy,
-            rendered=spec.deployment is None,
-        )
-
-
-def spec_facts(manifest: dict[str, Any]) -> SpecFacts:
-    model = Model.model_validate(manifest)
-    spec = model.spec
-    return SpecFacts(
-        spec.gpu.swap_cooldown,
-        spec.serverless.idle_timeout,
-        spec.gpu.force_promotion,
-        tuple(spec.service_labels),
-        model,
-    )
-
-
-def member_from_row(row: ModelRow, queued: int, facts: SpecFacts | None = None) -> Member:
-    facts = facts or spec_facts(row.manifest)
+def member_from_row(row: Any, queued: int, facts: SpecFacts, in_flight: int = 0) -> Member:
+    """A member from a ``models`` row (an ORM row, or a Core row of the same columns)."""
+    key = ModelKey(row.namespace, row.name)
     return Member(
-        key=_key(row),
+        key=key,
         priority=row.priority,
         last_active_time=row.last_active_time,
         preempted_at=row.preempted_at,
@@ -142,7 +75,13 @@ def member_from_row(row: ModelRow, queued: int, facts: SpecFacts | None = None) 
         ready_since=row.ready_since,
         idle_parked_at=row.idle_parked_at,
         failed_at=row.failed_at,
+        demand_since=row.demand_since,
         queued=queued,
+        in_flight=in_flight,
+        max_wait=facts.max_wait,
+        service_labels=facts.service_labels,
+        observed_generation=row.observed_generation,
+        runtime_spec=facts.runtime(key.namespace, key.name),
     )
 
 
@@ -156,6 +95,25 @@ def swap_from_row(row: SwapRow) -> Swap:
         started_at=row.started_at,
         phase_started_at=row.phase_started_at,
         phases=dict(row.phases or {}),
+    )
+
+
+def group_snapshot(
+    name: str, members: list[Member], group: GroupRow | None, swap: SwapRow | None, lease: Lease | None
+) -> GroupSnapshot:
+    """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet)."""
+    policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
+    return GroupSnapshot(
+        name=name,
+        members=tuple(members),
+        policy=policy,
+        v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
+        active=ModelKey(group.active_namespace, group.active_name)
+        if group and group.active_name and group.active_namespace
+        else None,
+        leader_since=group.leader_since if group else None,
+        swap=swap_from_row(swap) if swap else None,
+        lease=lease,
     )
 
 
@@ -190,88 +148,112 @@ class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
         self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
+        self._known_groups: set[str] = set()  # groups with a row (else a plan creates it)
+        # each model's row, signals and the objects built from them at the last pass (most rows do not change
+        # between passes: building 10,000 members was half of a quiet pass)
+        self._members: dict[ModelKey, tuple[Any, StoredStatus, Member]] = {}
 
-    def spec_facts(self, row: ModelRow) -> SpecFacts:
+    def spec_facts(self, row: Any) -> SpecFacts:
         """The parsed spec of a row loaded by ``load_world`` (cached per spec generation)."""
-        cached = self._facts.get(_key(row))
+        cached = self._facts.get(ModelKey(row.namespace, row.name))
         if cached is None or cached[0] != row.spec_generation:
             raise LookupError(f"spec of {row.namespace}/{row.name} generation {row.spec_generation} not loaded")
         return cached[1]
 
-    async def _load_specs(self, session: AsyncSession, rows: Sequence[ModelRow]) -> None:
+    async def _load_specs(self, session: AsyncSession, rows: Sequence[Any], groups: list[str] | None) -> None:
         """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read
-        on every pass: at 10,000 models decoding it was a fifth of a pass)."""
-        stale = [r for r in rows if self._facts.get(_key(r), (None,))[0] != r.spec_generation]
-        for start in range(0, len(stale), 1000):
-            chunk = stale[start : start + 1000]
-            keys = [(r.namespace, r.name) for r in chunk]
-            result = await session.execute(
-                select(ModelRow.namespace, ModelRow.name, ModelRow.spec_generation, ModelRow.manifest).where(
-                    tuple_(ModelRow.namespace, ModelRow.name).in_(keys)
+        on every pass: at 10,000 models decoding it was a fifth of a pass). Read as JSON text, parsed by pydantic
+        directly; many at once (a first pass) in one query over the same groups, a few by key."""
+        stale = [r for r in rows if self._facts.get(ModelKey(r.namespace, r.name), (None,))[0] != r.spec_generation]
+        if not stale:
+            return
+        columns = (ModelRow.namespace, ModelRow.name, ModelRow.spec_generation, cast_text(ModelRow.manifest))
+        queries = []
+        if len(stale) > 200:
+            query = select(*columns)
+            queries.append(query.where(ModelRow.group_name.in_(groups)) if groups is not None else query)
+        else:
+            queries.append(
+                select(*columns).where(
+                    tuple_(ModelRow.namespace, ModelRow.name).in_([(r.namespace, r.name) for r in stale])
                 )
             )
-            for namespace, name, generation, manifest in result:
-                self._facts[ModelKey(namespace, name)] = (generation, spec_facts(manifest))
+        wanted = {(r.namespace, r.name): r.spec_generation for r in stale}
+        for query in queries:
+            for namespace, name, generation, manifest in await session.execute(query):
+                if wanted.get((namespace, name)) == generation:
+                    self._facts[ModelKey(namespace, name)] = (generation, spec_facts(manifest))
 
     # ---- the election's snapshot -------------------------------------------------------------------------
     async def load_world(
-        self, now: datetime, demand_window: timedelta, groups_only: set[str] | None = None
+        self,
+        now: datetime,
+        demand_window: timedelta,
+        groups_only: set[str] | None = None,
+        *,
+        in_flight_ttl: timedelta = timedelta(seconds=5),
     ) -> tuple[World, bool]:
         """Load every group, or only ``groups_only`` (an event touched them). Returns (world, leases_ok): a
-        lease read error fails open (no leases)."""
-        model_query = select(ModelRow).options(defer(ModelRow.manifest, raiseload=True))
-        group_query = select(GroupRow)
-        swap_query = select(SwapRow).where(SwapRow.phase.in_(ACTIVE_SWAP_PHASES))
-        demand_query = (
-            select(DemandSignalRow.namespace, DemandSignalRow.name, func.sum(DemandSignalRow.queued))
-            .where(DemandSignalRow.time >= now - demand_window)
-            .group_by(DemandSignalRow.namespace, DemandSignalRow.name)
+        lease read error fails open (no leases).
+
+        Plain column queries, not ORM objects: building 10,000 ORM rows was most of a full pass.
+        """
+        models = cast(Table, ModelRow.__table__)
+        # One query for the models with their demand and in-flight sums, one for the groups with their running
+        # swap, one for the leases: every round trip counts on the way from a demand to a command.
+        queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, since=now - demand_window)
+        in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, since=now - in_flight_ttl)
+        model_query = select(
+            *(c for c in models.c if c.name != "manifest"), queued.label("queued_sum"), in_flight.label("in_flight_sum")
+        )
+        group_query = select(GroupRow, SwapRow).outerjoin(
+            SwapRow, (SwapRow.group_name == GroupRow.name) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
         )
         if groups_only is not None:
             names = sorted(groups_only)
-            model_query = model_query.where(ModelRow.group_name.in_(names))
+            model_query = model_query.where(models.c.group_name.in_(names))
             group_query = group_query.where(GroupRow.name.in_(names))
-            swap_query = swap_query.where(SwapRow.group_name.in_(names))
-            demand_query = demand_query.join(
-                ModelRow, (ModelRow.namespace == DemandSignalRow.namespace) & (ModelRow.name == DemandSignalRow.name)
-            ).where(ModelRow.group_name.in_(names))
-        async with self.sessions() as session:
-            models = list((await session.scalars(model_query)).all())
-            await self._load_specs(session, models)
-            groups = {g.name: g for g in (await session.scalars(group_query)).all()}
-            swaps = {s.group_name: s for s in (await session.scalars(swap_query)).all()}
-            queued = {ModelKey(ns, name): int(total or 0) for ns, name, total in await session.execute(demand_query)}
         leases_ok = True
-        try:
-            leases = await self.load_leases(now)
-        except Exception:
-            leases, leases_ok = {}, False
-        by_group: dict[str, list[ModelRow]] = {}
-        for row in models:
+        async with self.sessions() as session:
+            rows = list((await session.execute(model_query)).all())
+            await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
+            groups: dict[str, GroupRow] = {}
+            swaps: dict[str, SwapRow] = {}
+            for group_row, swap_row in (await session.execute(group_query)).all():
+                groups[group_row.name] = group_row
+                if swap_row is not None:
+                    swaps[group_row.name] = swap_row
+            try:  # last in the session: a failure here spoils nothing else
+                leases = await self._leases(session, now)
+            except Exception:
+                leases, leases_ok = {}, False
+        by_group: dict[str, list[Member]] = {}
+        statuses: dict[ModelKey, StoredStatus] = {}
+        cache = self._members
+        for row in rows:
+            key = ModelKey(row.namespace, row.name)
+            cached = cache.get(key)
+            if cached is not None and cached[0] == row:
+                status, member = cached[1], cached[2]  # unchanged since the last pass: the same objects
+            else:
+                status = StoredStatus(row.phase, row.shared_state, row.queue_position, row.preempted_by, row.message)
+                member = member_from_row(row, int(row.queued_sum), self.spec_facts(row), int(row.in_flight_sum))
+                cache[key] = (row, status, member)
+            statuses[key] = status
             if row.group_name:
-                by_group.setdefault(row.group_name, []).append(row)
-        snapshots = []
-        for name in sorted(set(by_group) | set(groups)):
-            group = groups.get(name)
-            swap_row = swaps.get(name)
-            policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
-            snapshots.append(
-                GroupSnapshot(
-                    name=name,
-                    members=tuple(
-                        member_from_row(r, queued.get(_key(r), 0), self.spec_facts(r)) for r in by_group.get(name, [])
-                    ),
-                    policy=policy,
-                    v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
-                    active=ModelKey(group.active_namespace, group.active_name)
-                    if group and group.active_name and group.active_namespace
-                    else None,
-                    leader_since=group.leader_since if group else None,
-                    swap=swap_from_row(swap_row) if swap_row else None,
-                    lease=leases.get(name),
-                )
-            )
-        return World(snapshots, {_key(r): r for r in models}, groups), leases_ok
+                by_group.setdefault(row.group_name, []).append(member)
+        if groups_only is None and len(cache) > len(rows):
+            for key in set(cache) - set(statuses):  # deleted models
+                del cache[key]
+        snapshots = [
+            group_snapshot(name, by_group.get(name, []), groups.get(name), swaps.get(name), leases.get(name))
+            for name in sorted(set(by_group) | set(groups))
+        ]
+        if groups_only is None:
+            self._known_groups = set(groups)
+        else:
+            self._known_groups = (self._known_groups - groups_only) | set(groups)
+        return World(snapshots, statuses), leases_ok
 
     async def group_names(self) -> list[str]:
         async with self.sessions() as session:
@@ -285,16 +267,18 @@ class Store:
 
     async def load_leases(self, now: datetime) -> dict[str, Lease]:
         async with self.sessions() as session:
-            rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
+            return await self._leases(session, now)
+
+    @staticmethod
+    async def _leases(session: AsyncSession, now: datetime) -> dict[str, Lease]:
+        rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
         return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at, r.acquired_at) for r in rows}
 
     # ---- applying a plan ---------------------------------------------------------------------------------
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
         """Write what the plans changed, and only that, in one transaction (a quiet system writes nothing).
 
-        Rows are written in bulk (one executemany per statement shape). The rows in ``world.models`` are
-        updated in place, so the caller publishes what was written.
-        """
+        Rows are written in bulk (one executemany per statement shape)."""
         group_values: list[dict[str, Any]] = []
         model_values: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         swap_values: list[dict[str, Any]] = []
@@ -302,7 +286,7 @@ class Store:
             snapshot = world.group(plan.group)
             before = (
                 (snapshot.active, snapshot.leader_since, snapshot.swap.id if snapshot.swap else None)
-                if snapshot is not None and plan.group in world.group_rows
+                if snapshot is not None and plan.group in self._known_groups
                 else None
             )
             if before != (plan.active, plan.leader_since, plan.swap_id):
@@ -316,25 +300,7 @@ class Store:
                         "updated_at": now,
                     }
                 )
-            for key in set(plan.member_updates) | set(plan.statuses):
-                row = world.models.get(key)
-                if row is None:
-                    continue
-                values = {k: getattr(v, "value", v) for k, v in plan.member_updates.get(key, {}).items()}
-                view = plan.statuses.get(key)
-                if view is not None:
-                    values.update(
-                        phase=view.phase.value,
-                        shared_state=view.state.value,
-                        queue_position=view.queue_position,
-                        preempted_by=view.preempted_by,
-                        message=view.message,
-                    )
-                changed = {k: v for k, v in values.items() if getattr(row, k) != v}
-                if not changed:
-                    continue
-                for k, v in changed.items():
-                    setattr(row, k, v)
+            for key, changed in changes_of(plan, world).items():
                 changed.update(updated_at=now, b_namespace=key.namespace, b_name=key.name)
                 model_values.setdefault(tuple(sorted(changed)), []).append(changed)
             for u in plan.swap_updates:
@@ -370,6 +336,7 @@ class Store:
                 )
                 await conn.execute(by_key, rows)
             await _upsert(session, SwapRow, "id", swap_values)
+        self._known_groups.update(v["name"] for v in group_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(
@@ -434,6 +401,45 @@ class Store:
             )
             return group
 
+    async def record_in_flight(self, *, source: str, counts: Mapping[ModelKey, int], when: datetime) -> set[str]:
+        """A proxy's complete in-flight counts: store them, drop the models it no longer names. Returns the groups
+        of the models whose count fell to zero (a drain waiting for them may be over)."""
+        async with self.sessions.begin() as session:
+            gone = (
+                await session.execute(
+                    delete(InFlightRow)
+                    .where(
+                        InFlightRow.source == source,
+                        InFlightRow.time <= when,
+                        tuple_(InFlightRow.namespace, InFlightRow.name).not_in(list(counts))
+                        if counts
+                        else text("true"),
+                    )
+                    .returning(InFlightRow.namespace, InFlightRow.name)
+                )
+            ).all()
+            if counts:
+                stmt = insert(InFlightRow)
+                await session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[InFlightRow.namespace, InFlightRow.name, InFlightRow.source],
+                        set_={"count": stmt.excluded.count, "time": stmt.excluded.time},
+                        where=InFlightRow.time <= stmt.excluded.time,
+                    ),
+                    [
+                        {"namespace": k.namespace, "name": k.name, "source": source, "count": n, "time": when}
+                        for k, n in counts.items()
+                    ],
+                )
+            if not gone:
+                return set()
+            result = await session.execute(
+                select(ModelRow.group_name).where(
+                    tuple_(ModelRow.namespace, ModelRow.name).in_([tuple(g) for g in gone])
+                )
+            )
+            return {name for (name,) in result if name}
+
     async def forget_runtime(self) -> int:
         """An actuator restarted: what it ran is unknown until it reports again; re-issue every command."""
         async with self.sessions.begin() as session:
@@ -454,6 +460,7 @@ class Store:
         async with self.sessions.begin() as session:
             await session.execute(delete(ProcessedMessageRow).where(ProcessedMessageRow.processed_at < now - keep))
             await session.execute(delete(DemandSignalRow).where(DemandSignalRow.time < now - keep))
+            await session.execute(delete(InFlightRow).where(InFlightRow.time < now - keep))
 
     # ---- manifests (admin API and spec sync) -------------------------------------------------------------
     async def put_model(self, model: Model, now: datetime, origin: Origin = API_ORIGIN) -> tuple[ModelRow, bool]:

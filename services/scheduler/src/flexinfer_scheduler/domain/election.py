@@ -5,16 +5,21 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
 2. classify: readyLeader (loaded), recentLeader (active within 5 min), demandedLeader (within the 2 min demand
    window), fallbackLeader (any), each the best by priority, then most recent ``lastActiveTime``, then name;
 3. demand preemption: the demanded model wins when the ready leader is idle and ``demandedPriority >= readyPriority``;
+   and, FlexInfer's bounded wait, when it has waited ``spec.gpu.maxWait`` (default: the demand window) with a
+   priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
 Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
 forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
 that failed to load, until a request or demand names it again (``lastActiveTime`` after the park or failure).
 
-v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests over the threshold, seen
-within the hysteresis window) sorted by priority descending, a busy incumbent among them; the incumbent keeps the
-GPU for its minimum run duration, a preempted model may not return within the cooldown after preemption, and an
-incumbent idle past the idle timeout is parked.
+v1alpha1 (``GPUGroup``), ``determine_active_model``: demanded models (queued requests at or over the threshold)
+sorted by priority descending, a busy incumbent among them; a challenger counts only once its demand has persisted
+for the hysteresis window (the seed's delay: the incumbent keeps the GPU meanwhile); the incumbent keeps the GPU for
+its minimum run duration, a preempted model may not return within the cooldown after preemption, and an incumbent
+idle past the idle timeout is parked.
+
+How long a member has wanted the GPU is ``Member.demand_since``, kept by the planner (``wants_gpu`` says when).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class ElectionReason(StrEnum):
     FORCE_PROMOTION = "force-promotion"
     COOLDOWN = "cooldown"
     DEMAND = "demand"
+    MAX_WAIT = "max-wait"
+    HYSTERESIS = "hysteresis"
     READY = "ready"
     RECENT = "recent"
     FALLBACK = "fallback"
@@ -46,6 +53,17 @@ class ElectionParams:
     demand_window: timedelta = timedelta(minutes=2)
     recent_window: timedelta = timedelta(minutes=5)
     default_swap_cooldown: timedelta = timedelta(minutes=5)
+    # FlexInfer's refinements of the seed's rules; both off: the seed's exact rules (the simulator compares them).
+    # The bounded wait (``spec.gpu.maxWait``, default the demand window): a busy incumbent is preempted for a model
+    # of priority >= its own whose requests waited that long.
+    bounded_wait: bool = True
+    # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
+    idle_aware_fallback: bool = True
+
+    def max_wait(self, member: Member) -> timedelta | None:
+        if not self.bounded_wait:
+            return None
+        return member.max_wait if member.max_wait is not None else self.demand_window
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,9 @@ def idle_reference(member: Member) -> datetime | None:
     return max(times) if times else None
 
 
-def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | None) -> bool:
-    if timeout is None or not member.loaded:
+def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | None, *, loaded: bool = True) -> bool:
+    """The member went ``timeout`` without a request (``loaded=False``: would have, were it loaded now)."""
+    if timeout is None or (loaded and not member.loaded):
         return False
     since = idle_reference(member)
     return since is not None and now - since >= timeout
@@ -102,6 +121,25 @@ def is_eligible(member: Member) -> bool:
         if since is not None and (member.last_active_time is None or member.last_active_time <= since):
             return False
     return True
+
+
+def wants_gpu(member: Member, snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> bool:
+    """Whether the member waits for the GPU (the clock of ``demand_since`` runs while this holds).
+
+    v1alpha1: its queued requests reach the threshold. v1alpha2: requests wait for it, or a demand named it within
+    the demand window. The model serving the group wants nothing: it has the GPU.
+    """
+    if member.key == snapshot.active and member.ready:
+        return False
+    if snapshot.v1alpha1 is not None:
+        return member.queued >= snapshot.v1alpha1.request_queue_threshold
+    return member.queued > 0 or (
+        member.last_active_time is not None and now - member.last_active_time <= params.demand_window
+    )
+
+
+def waited(member: Member, now: datetime) -> timedelta:
+    return now - member.demand_since if member.demand_since is not None else timedelta(0)
 
 
 def _is_idle(member: Member, now: datetime, window: timedelta) -> bool:
@@ -143,17 +181,42 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     if active is not None and active in candidates and cooldown_remaining(snapshot, now, params) > timedelta(0):
         return Election(active.key, ElectionReason.COOLDOWN, expired)
 
-    # Stage 2: classify.
+    # Stage 2: classify. A model whose idle timeout has run out since it was last asked for is no recent or
+    # fallback leader: loaded, it would be parked again at once (a load for nothing, and a swap more).
     ready = best(m for m in candidates if m.loaded)
-    recent = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    unasked = [
+        m
+        for m in candidates
+        if not params.idle_aware_fallback or m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)
+    ]
+    recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
     demanded = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.demand_window)
-    fallback = best(candidates)
+    fallback = best(unasked)
 
     # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen.
     if demanded is not None and (
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
         return Election(demanded.key, ElectionReason.DEMAND, expired)
+    # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
+    # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
+    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
+    # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
+    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing.
+    if ready is not None and ready.queued == 0:
+        overdue = [
+            m
+            for m in candidates
+            if m is not ready
+            and m.queued > 0
+            and m.priority >= ready.priority
+            and m.demand_since is not None
+            and (bound := params.max_wait(m)) is not None
+            and waited(m, now) >= bound
+        ]
+        if overdue:
+            longest = min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m)))
+            return Election(longest.key, ElectionReason.MAX_WAIT, expired)
 
     # Stage 4: fallback.
     for leader, reason in (
@@ -169,14 +232,15 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
 def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alpha1Policy) -> Election:
     """The v1alpha1 GPUGroup election. Pure: reads only its arguments.
 
-    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold and the
-    demand was seen within the hysteresis window. The seed encodes the priority gate in the sort order: demanded
-    members sort by priority descending, and a busy incumbent (demanded itself, or serving a request within the
-    hysteresis window: its requests are forwarded, not queued) takes part in that sort and wins ties, so a
-    lower-priority model waits for it to go idle while a higher-priority one takes the GPU. A swap away from the
-    incumbent waits for its minimum run duration (the v1alpha1 swap cooldown) and, when the winner itself was
-    preempted, for the cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent
-    idle past the idle timeout is parked.
+    A member is demanded when the requests queued for it (summed over proxies) reach the queue threshold. The seed
+    encodes the priority gate in the sort order: demanded members sort by priority descending, and a busy incumbent
+    (demanded itself, or serving a request within the hysteresis window: its requests are forwarded, not queued)
+    takes part in that sort and wins ties, so a lower-priority model waits for it to go idle while a higher-priority
+    one takes the GPU. The winning challenger takes the GPU only once its demand has lasted the hysteresis window
+    (the incumbent holds meanwhile, whoever else is demanded, so a short burst never swaps), the incumbent's
+    minimum run duration (the v1alpha1 swap cooldown) is over, and, when the winner itself was preempted, the
+    cooldown after preemption (so a preempted model cannot bounce straight back). An incumbent idle past the idle
+    timeout is parked.
     """
     first = _overrides_then_candidates(snapshot, now, lambda _: policy.idle_timeout)
     if isinstance(first, Election):
@@ -184,15 +248,8 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     expired, candidates = first
     active = snapshot.member(snapshot.active)
     incumbent = active if active is not None and active in candidates else None
-
-    def seen_within_hysteresis(m: Member) -> bool:
-        return m.last_active_time is not None and now - m.last_active_time <= policy.hysteresis_window
-
-    demanded = sorted(
-        (m for m in candidates if m.queued >= policy.request_queue_threshold and seen_within_hysteresis(m)),
-        key=rank,
-    )
-    if incumbent is None:
+    demanded = sorted((m for m in candidates if m.queued >= policy.request_queue_threshold), key=rank)
+    if incumbent is None:  # an empty GPU waits for nobody: no hysteresis
         if demanded:
             return Election(demanded[0].key, ElectionReason.DEMAND, expired)
         # Nothing demanded and nobody active: a member with any demand at all gets the GPU rather than nobody.
@@ -201,7 +258,9 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
             return Election(waiting.key, ElectionReason.DEMAND, expired)
         return Election(None, ElectionReason.NO_CANDIDATE, expired)
 
-    busy = incumbent in demanded or seen_within_hysteresis(incumbent)
+    busy = incumbent in demanded or (
+        incumbent.last_active_time is not None and now - incumbent.last_active_time <= policy.hysteresis_window
+    )
     contenders = sorted(
         [*demanded, *([incumbent] if busy and incumbent not in demanded else [])],
         key=lambda m: (-m.priority, m.key != incumbent.key, rank(m)),
@@ -209,6 +268,8 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     if not contenders or contenders[0].key == incumbent.key:
         return Election(incumbent.key, ElectionReason.READY, expired)
     winner = contenders[0]
+    if waited(winner, now) < policy.hysteresis_window:
+        return Election(incumbent.key, ElectionReason.HYSTERESIS, expired)
     if snapshot.leader_since is not None and now - snapshot.leader_since < policy.minimum_run_duration:
         return Election(incumbent.key, ElectionReason.MINIMUM_RUN, expired)
     if winner.preempted_at is not None and now - winner.preempted_at < policy.cooldown_after_preemption:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from enum import Enum
+from typing import Any, NamedTuple
 
 from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SwapPhase, SwapReason
+from flexinfer_common.messages import RuntimeSpec
 
 
 class ModelKey(NamedTuple):
@@ -54,7 +57,16 @@ class Member:
     idle_parked_at: datetime | None = None
     failed_at: datetime | None = None
     last_failure: str | None = None
-    queued: int = 0
+    # since when the member has wanted the GPU without interruption (v1alpha2: requests or demand; v1alpha1: the
+    # queue threshold reached): the hysteresis delay and the bounded wait count from here
+    demand_since: datetime | None = None
+    queued: int = 0  # requests waiting at the proxies (summed over sources)
+    in_flight: int = 0  # requests being answered by the model at the proxies (summed over fresh reports)
+    max_wait: timedelta | None = None  # spec.gpu.maxWait (None: the group's default)
+    # carried through to what is published
+    service_labels: tuple[str, ...] = ()
+    observed_generation: int | None = None
+    runtime_spec: RuntimeSpec | None = field(default=None, compare=False, repr=False)
 
     @property
     def runtime_confirmed(self) -> bool:
@@ -83,6 +95,54 @@ class Member:
         if self.desired_action is None:
             return self.runtime in PARKED_RUNTIME
         return self.runtime_confirmed and self.runtime in PARKED_RUNTIME
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPatch:
+    """What one pass changes in a member's persisted state; a field left ``UNSET`` is not changed."""
+
+    preempted_at: datetime | _Unset | None = UNSET
+    preempted_by: str | _Unset | None = UNSET
+    desired_action: ScaleAction | _Unset | None = UNSET
+    command_generation: int | _Unset = UNSET
+    command_issued_at: datetime | _Unset | None = UNSET
+    ready_since: datetime | _Unset | None = UNSET
+    idle_parked_at: datetime | _Unset | None = UNSET
+    failed_at: datetime | _Unset | None = UNSET
+    last_failure: str | _Unset | None = UNSET
+    promoted_at: datetime | _Unset | None = UNSET
+    demand_since: datetime | _Unset | None = UNSET
+
+    # (written for speed: a pass over 10,000 models patches thousands of members, and ``dataclasses.replace`` made
+    # patching the largest cost of planning)
+
+    def changes(self) -> dict[str, Any]:
+        """The fields set, by name."""
+        return {name: v for name in _PATCH_FIELDS if (v := getattr(self, name)) is not UNSET}
+
+    def merge(self, later: MemberPatch) -> MemberPatch:
+        """This patch with ``later``'s set fields on top."""
+        return MemberPatch(**{**self.changes(), **later.changes()})
+
+    def apply(self, member: Member) -> Member:
+        """``member`` with this patch's fields (the same object when the patch changes nothing)."""
+        changes = self.changes()
+        if not changes:
+            return member
+        patched = object.__new__(Member)
+        patched.__dict__.update(member.__dict__, **changes)
+        return patched
+
+
+_PATCH_FIELDS = tuple(f.name for f in dataclasses.fields(MemberPatch))
+NO_CHANGE = MemberPatch()
 
 
 @dataclass(frozen=True)

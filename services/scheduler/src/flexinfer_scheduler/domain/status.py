@@ -1,0 +1,118 @@
+"""What users see of each member after a pass (the contract's Model status) and what the proxies route by. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase
+from flexinfer_scheduler.domain.election import Election, ElectionParams, ElectionReason, is_eligible, rank
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, Swap
+
+
+@dataclass(frozen=True)
+class StatusView:
+    phase: ModelPhase
+    state: SharedState
+    queue_position: int | None
+    preempted_at: datetime | None
+    preempted_by: str | None
+    message: str
+    ready: bool
+    failure: str | None
+
+
+def load_failed(m: Member) -> bool:
+    """The member's current activate ended Failed before it was ever seen Ready, and that is recorded already."""
+    return m.failed_at is not None and m.command_issued_at is not None and m.failed_at >= m.command_issued_at
+
+
+def runtime_lost(m: Member) -> bool:
+    """The runtime of the member's current activate is gone (Failed): it was Ready and crashed, or it failed to load."""
+    return m.desired_action == ScaleAction.ACTIVATE and m.runtime == RuntimePhase.FAILED and m.runtime_confirmed
+
+
+_WAITING_REASONS = (
+    ElectionReason.COOLDOWN,
+    ElectionReason.READY,
+    ElectionReason.MINIMUM_RUN,
+    ElectionReason.HYSTERESIS,
+)
+
+
+def status_views(
+    current: GroupSnapshot,
+    election: Election,
+    swap: Swap | None,
+    now: datetime,
+    params: ElectionParams,
+    lease_holder: str | None,
+) -> dict[ModelKey, StatusView]:
+    """Every member's view, from the snapshot as this pass leaves it (patches applied) and the swap it runs."""
+    leader = election.leader
+    waiting = sorted(
+        (
+            m
+            for m in current.members
+            if m.key != leader
+            and is_eligible(m)
+            and (m.queued > 0 or (m.last_active_time is not None and now - m.last_active_time <= params.demand_window))
+        ),
+        key=rank,
+    )
+    positions = {m.key: index + 1 for index, m in enumerate(waiting)}
+    not_parked = [o.key.name for o in current.members if o.key != leader and not o.parked]
+    draining = swap is not None and swap.phase is SwapPhase.DRAINING
+    out: dict[ModelKey, StatusView] = {}
+    for m in current.members:
+        failure = None
+        if m.key == leader:
+            if m.ready:
+                phase, message = ModelPhase.READY, ""
+            elif runtime_lost(m) and load_failed(m):  # forced onto a model that failed to load
+                phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
+                failure = message
+            elif not_parked:
+                verb = "drain" if draining else "park"
+                phase, message = ModelPhase.LOADING, f"waiting for {', '.join(not_parked)} to {verb}"
+            else:
+                phase, message = ModelPhase.LOADING, "loading"
+            out[m.key] = StatusView(
+                phase, SharedState.ACTIVE, 0, m.preempted_at, m.preempted_by, message, m.ready, failure
+            )
+            continue
+        state = SharedState.QUEUED if m.key in positions else SharedState.PARKED
+        preempted_by = m.preempted_by
+        target = leader.name if leader else "no leader"
+        if lease_holder is not None:
+            # Preempted only once it is off the GPU: the lease manager reports a lease Held (and admits a training
+            # Job) when every member shows Preempted by the lease.
+            preempted_by = lease_holder
+            if m.parked:
+                phase, message = ModelPhase.PREEMPTED, f"parked while {lease_holder} holds the GPU"
+            elif draining and m.ready:
+                phase, message = ModelPhase.DRAINING, f"draining for {lease_holder} ({m.in_flight} in flight)"
+            else:
+                phase, message = ModelPhase.DRAINING, f"parking for {lease_holder}"
+        elif m.failed_at is not None and not is_eligible(m):
+            phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
+            failure = message
+        elif m.idle_parked_at is not None and not is_eligible(m):
+            phase, message = ModelPhase.IDLE, "parked after its idle timeout"
+        elif not m.parked and draining and m.ready:
+            phase, message = ModelPhase.DRAINING, f"draining for {target} ({m.in_flight} in flight)"
+        elif not m.parked:
+            phase, message = ModelPhase.DRAINING, f"parking for {target}"
+        elif m.preempted_at is not None:
+            phase, message = ModelPhase.PREEMPTED, f"preempted by {m.preempted_by}" if m.preempted_by else "preempted"
+        else:
+            phase, message = ModelPhase.PENDING, ""
+        if m.parked and m.runtime == RuntimePhase.PARKED and m.runtime_message and m.runtime_message != "sleeping":
+            # how the actuator parked it, when that is news (a Sleep park that had to scale to zero)
+            message = f"{message}; {m.runtime_message}" if message else m.runtime_message
+        if state == SharedState.QUEUED and leader is not None and election.reason in _WAITING_REASONS:
+            message = (message + "; " if message else "") + f"waiting: {leader.name} holds the GPU ({election.reason})"
+        out[m.key] = StatusView(
+            phase, state, positions.get(m.key), m.preempted_at, preempted_by, message, False, failure
+        )
+    return out

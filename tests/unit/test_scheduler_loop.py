@@ -1,0 +1,216 @@
+"""The scheduler's loop on its in-memory ports (store, bus, leader lock): no PostgreSQL, no NATS, and time
+fast-forwarded (looptime), so drains, timeouts and reconcile periods cost nothing to wait for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from flexinfer_common import subjects
+from flexinfer_common.enums import RuntimePhase, ScaleAction, SwapPhase
+from flexinfer_common.manifests import Model
+from flexinfer_common.messages import Demand, InFlightCount, InFlightReport, RuntimeStatus, ScaleCommand
+from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryLocks, MemoryStore
+from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_scheduler.loop import Scheduler
+from flexinfer_scheduler.settings import SchedulerSettings
+
+A, B = ModelKey("default", "a"), ModelKey("default", "b")
+START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+# A loop of their own: looptime fast-forwards only while no real I/O is pending, and the session loop of the
+# integration tests may still hold sockets.
+pytestmark = [pytest.mark.looptime, pytest.mark.asyncio(loop_scope="function")]
+
+
+class LoopClock:
+    """Wall time that follows the event loop's (fast-forwarded) clock."""
+
+    def __init__(self) -> None:
+        self.zero = asyncio.get_running_loop().time()
+
+    def now(self) -> datetime:
+        return START + timedelta(seconds=asyncio.get_running_loop().time() - self.zero)
+
+
+def manifest(name: str, **gpu: Any) -> Model:
+    return Model.model_validate(
+        {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "Model",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"gpu": {"shared": "gpu", "priority": 10, **gpu}, "local": {"command": ["serve", "{port}"]}},
+        }
+    )
+
+
+@dataclass
+class Harness:
+    store: MemoryStore
+    bus: MemoryBus
+    scheduler: Scheduler
+    clock: LoopClock
+    seen: int = 0
+
+    async def say(self, subject: str, message: Any) -> None:
+        assert await self.bus.deliver(subject, message.to_bytes())
+
+    async def demand(self, key: ModelKey, queued: int = 1) -> None:
+        message = Demand(model=key.name, namespace=key.namespace, queued=queued, source="p1", time=self.clock.now())
+        await self.say(subjects.demand_subject(key.namespace, key.name), message)
+
+    async def in_flight(self, counts: dict[ModelKey, int]) -> None:
+        models = [InFlightCount(namespace=k.namespace, model=k.name, in_flight=n) for k, n in counts.items()]
+        report = InFlightReport(source="p1", models=models, time=self.clock.now())
+        await self.say(subjects.in_flight_subject("p1"), report)
+
+    def commands(self) -> list[ScaleCommand]:
+        return [m for m in self.bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+
+    async def actuator(self) -> None:
+        """Answers every command at once: Ready for an activate, Parked for a park."""
+        while True:
+            for command in self.commands()[self.seen :]:
+                self.seen += 1
+                phase = RuntimePhase.READY if command.action == ScaleAction.ACTIVATE else RuntimePhase.PARKED
+                status = RuntimeStatus(
+                    namespace=command.namespace,
+                    model=command.model,
+                    phase=phase,
+                    generation=command.generation,
+                    endpoint="http://127.0.0.1:9",
+                    time=self.clock.now(),
+                )
+                await self.say(subjects.runtime_status_subject(command.namespace, command.model), status)
+            await asyncio.sleep(0.05)
+
+    async def until(self, predicate: Any, within: float = 60) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while not predicate():
+            assert loop.time() - start < within, "condition not met in time"
+            await asyncio.sleep(0.05)
+        return loop.time() - start
+
+
+@contextlib.asynccontextmanager
+async def running() -> AsyncIterator[Harness]:
+    """The scheduler and a prompt actuator, started inside the test (so on its fast-forwarded clock)."""
+    store, bus, clock = MemoryStore(), MemoryBus(), LoopClock()
+    settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1)
+    scheduler = Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock)
+    h = Harness(store, bus, scheduler, clock)
+    await store.put_model(manifest("a", maxWait="30s"), clock.now())
+    await store.put_model(manifest("b", maxWait="30s"), clock.now())
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(scheduler.run(stop)), asyncio.create_task(h.actuator())]
+    try:
+        await h.until(lambda: len(bus.subscriptions) == 4, within=1)  # leading, consuming
+        yield h
+    finally:
+        stop.set()
+        tasks[1].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def ready(h: Harness, key: ModelKey) -> bool:
+    route = h.bus.routes.get(key)
+    return route is not None and route.ready
+
+
+async def test_a_busy_model_drains_its_requests_in_flight_before_it_is_parked() -> None:
+    async with running() as h:
+        await drains_in_flight(h)
+
+
+async def drains_in_flight(h: Harness) -> None:
+    await h.demand(A)
+    await h.until(lambda: ready(h, A))
+    await h.in_flight({A: 2})  # the proxy is forwarding two requests to a
+    for _ in range(40):  # a is busy all along; b waits behind it for its maxWait (30 s)
+        await h.demand(B)
+        await h.demand(A, queued=0)
+        await asyncio.sleep(1)
+        await h.in_flight({A: 2})
+        if not ready(h, A):
+            break
+    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    assert swap.reason == "max-wait" and swap.phase == SwapPhase.DRAINING
+    assert not ready(h, A)  # the route takes no new requests for a while it drains
+    assert not any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands())
+    await asyncio.sleep(5)
+    await h.in_flight({A: 2})
+    assert not any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands())
+
+    await h.in_flight({})  # they finished: the drain is over at once
+    await h.until(lambda: any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands()), within=1)
+    await h.until(lambda: ready(h, B))
+    assert 5 <= h.store.swaps[swap.id].phases["draining"] < 7
+
+
+async def test_a_drain_ends_at_its_timeout() -> None:
+    async with running() as h:
+        await drain_times_out(h)
+
+
+async def drain_times_out(h: Harness) -> None:
+    await h.demand(A)
+    await h.until(lambda: ready(h, A))
+    for _ in range(60):
+        await h.demand(B)
+        await h.demand(A, queued=0)
+        await h.in_flight({A: 1})  # a request that never ends
+        await asyncio.sleep(1)
+        if ready(h, B):
+            break
+    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    assert swap.finished_at is not None and 20 <= swap.phases["draining"] < 22  # FLEXINFER_DRAIN_TIMEOUT
+
+
+async def test_an_idle_model_is_parked_without_a_drain() -> None:
+    async with running() as h:
+        await parks_idle_at_once(h)
+
+
+async def parks_idle_at_once(h: Harness) -> None:
+    await h.demand(A)
+    await h.until(lambda: ready(h, A))
+    await asyncio.sleep(300)  # a idle for longer than the demand window
+    await h.demand(B)
+    waited = await h.until(lambda: ready(h, B))
+    assert waited < 1
+    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    assert swap.reason == "demand" and swap.phases["draining"] == 0
+
+
+async def test_one_replica_leads_and_another_takes_over() -> None:
+    """Two replicas share a lock: one leads (it alone consumes the bus); a leader that lost its lock steps down
+    (its consumers stop) before anyone leads again; when the leader stops, the other takes over."""
+    store, bus, clock, locks = MemoryStore(), MemoryBus(), LoopClock(), MemoryLocks()
+    settings = SchedulerSettings(reconcile_interval=1)
+    await store.put_model(manifest("a"), clock.now())
+    first_lock = locks.lock()
+    first = Scheduler(store=store, bus=bus, lock=first_lock, settings=settings, clock=clock)
+    second = Scheduler(store=store, bus=bus, lock=locks.lock(), settings=settings, clock=clock)
+    stop_first, stop_second = asyncio.Event(), asyncio.Event()
+    tasks = [asyncio.create_task(first.run(stop_first)), asyncio.create_task(second.run(stop_second))]
+    await asyncio.sleep(2)
+    assert (first.is_leader, second.is_leader) == (True, False)
+    assert len(bus.subscriptions) == 4  # demand, in-flight, runtime status, actuator hello: the leader's only
+    first_lock.lose()
+    await asyncio.sleep(3)
+    assert first.is_leader != second.is_leader and len(bus.subscriptions) == 4
+    leader, leader_stop, other = (first, stop_first, second) if first.is_leader else (second, stop_second, first)
+    leader_stop.set()
+    await asyncio.sleep(3)
+    assert other.is_leader and not leader.is_leader and len(bus.subscriptions) == 4
+    stop_first.set()
+    stop_second.set()
+    await asyncio.gather(*tasks)
+    assert locks.holder is None

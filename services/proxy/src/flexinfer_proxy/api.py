@@ -35,7 +35,6 @@ import httptools
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
-from flexinfer_common.metrics import PROXY_COLD_STARTS
 from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
@@ -43,6 +42,7 @@ from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, a
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
 from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.metrics import PROXY_COLD_STARTS
 from flexinfer_proxy.queues import ModelQueues, Slot
 from flexinfer_proxy.tally import RequestTally, render_metrics
 

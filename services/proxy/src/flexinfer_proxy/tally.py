@@ -16,8 +16,9 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
 
-from flexinfer_common.metrics import PROXY_REQUESTS, render_latest
+from flexinfer_common.metrics import render_latest
 from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_proxy.metrics import PROXY_REQUESTS
 
 
 class RequestTally:

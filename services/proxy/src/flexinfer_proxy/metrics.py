@@ -1,0 +1,16 @@
+"""The proxy's metrics (CONTRACT section 5); no other service registers them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+PROXY_QUEUE_DEPTH = Gauge("flexinfer_proxy_queue_depth", "Requests waiting for a model", ["namespace", "model"])
+PROXY_QUEUE_WAIT = Histogram(
+    "flexinfer_proxy_queue_wait_seconds",
+    "How long requests waited for their model",
+    buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+)
+PROXY_REQUESTS = Counter("flexinfer_proxy_requests_total", "Requests answered", ["namespace", "model", "code"])
+PROXY_COLD_STARTS = Counter(
+    "flexinfer_proxy_cold_starts_total", "Requests that waited for a load", ["namespace", "model"]
+)

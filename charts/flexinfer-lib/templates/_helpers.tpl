@@ -1,8 +1,6 @@
 {{/*
-Helpers shared by the four FlexInfer service charts (proxy, scheduler, actuator, lease-manager).
-This file is identical in all four (tests/unit/test_charts.py checks it): Helm shares named templates between
-a parent chart and its subcharts, so the umbrella chart works only while every copy says the same thing.
-What differs per service comes from values (component, port, ...).
+Helpers of the four FlexInfer service charts (proxy, scheduler, actuator, lease-manager), which depend on this
+library chart. What differs per service comes from its values (component, port, backend, ...).
 */}}
 
 {{- define "flexinfer.name" -}}
@@ -86,6 +84,12 @@ this chart's values when they name anything, else global.flexinfer's. Rendered a
 {{- toYaml $out }}
 {{- end }}
 
+{{/* FLEXINFER_NATS_URL when no Secret holds it: the values' url, else nats://nats:4222. */}}
+{{- define "flexinfer.natsURL" -}}
+{{- $c := include "flexinfer.connections" . | fromYaml }}
+{{- $c.nats.url | default "nats://nats:4222" }}
+{{- end }}
+
 {{/* Non-empty when the chart's own Secret has something to hold. */}}
 {{- define "flexinfer.secretNeeded" -}}
 {{- include "flexinfer.secretData" . | trim }}
@@ -106,7 +110,7 @@ values given inline (the chart's own Secret, or the migration hook's).
       name: {{ $nats.existingSecret }}
       key: {{ $nats.existingSecretKey | default "nats-url" }}
 {{- else }}
-  value: {{ $nats.url | default "nats://nats:4222" | quote }}
+  value: {{ include "flexinfer.natsURL" $ | quote }}
 {{- end }}
 {{- if hasKey $.Values "database" }}
 {{- $db := $c.database }}
@@ -157,4 +161,38 @@ admin-token: {{ $c.adminToken.value | toString | b64enc | quote }}
 {{- $old := lookup "v1" "Secret" .Release.Namespace (include "flexinfer.fullname" .) }}
 admin-token: {{ (and $old $old.data (index $old.data "admin-token")) | default (randAlphaNum 40 | b64enc) | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+Pod topology spread: topologySpreadConstraints when given; else, with topologySpread.enabled and more than one
+replica, one constraint per topologySpread.topologyKeys (nodes, then zones) that prefers spreading
+(ScheduleAnyway by default, so a one-node cluster still schedules every replica). matchLabelKeys keeps the pods of
+a rolling update's new ReplicaSet from counting against the old one's.
+*/}}
+{{- define "flexinfer.topologySpread" -}}
+{{- if .Values.topologySpreadConstraints }}
+{{- toYaml .Values.topologySpreadConstraints }}
+{{- else if and .Values.topologySpread.enabled (gt (int .Values.replicaCount) 1) }}
+{{- range .Values.topologySpread.topologyKeys }}
+- maxSkew: {{ $.Values.topologySpread.maxSkew }}
+  topologyKey: {{ . }}
+  whenUnsatisfiable: {{ $.Values.topologySpread.whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- include "flexinfer.selectorLabels" $ | nindent 6 }}
+  matchLabelKeys:
+    - pod-template-hash
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of the pods of this release's FlexInfer services (every chart of one umbrella release shares them). */}}
+{{- define "flexinfer.releasePeerLabels" -}}
+app.kubernetes.io/part-of: flexinfer
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The in-cluster URL of this chart's Service. */}}
+{{- define "flexinfer.serviceURL" -}}
+{{- printf "http://%s.%s.svc:%v" (include "flexinfer.fullname" .) .Release.Namespace (.Values.service.port | default .Values.port) }}
 {{- end }}

@@ -134,9 +134,7 @@ def service_values(component: str, port: int) -> dict[str, Schema]:
         ),
         "podAnnotations": STRING_MAP,
         "podLabels": STRING_MAP,
-        "serviceAccount": strict(
-            {"create": flag(), "name": text(), "annotations": STRING_MAP, "automount": flag()}
-        ),
+        "serviceAccount": strict({"create": flag(), "name": text(), "annotations": STRING_MAP, "automount": flag()}),
         "podSecurityContext": ANY_OBJECT,
         "securityContext": ANY_OBJECT,
         "probes": strict({"startup": ANY_OBJECT, "liveness": ANY_OBJECT, "readiness": ANY_OBJECT}),

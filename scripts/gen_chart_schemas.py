@@ -209,6 +209,23 @@ SCHEMAS: dict[str, Schema] = {
             "backend": one_of("kubernetes", "local", description="FLEXINFER_ACTUATOR"),
             "watchNamespaces": WATCH_NAMESPACES,
             "leaderElection": LEADER_ELECTION,
+            "rendering": strict(
+                {
+                    "gpuResource": text(minLength=1),
+                    "modelCacheClaim": text(),
+                    "tmpfsRoot": text(pattern="^/"),
+                    "flashLoaderImage": text(),
+                    "terminationGracePeriodSeconds": integer(0),
+                    "modelNodeSelector": STRING_MAP,
+                    "modelTolerations": ANY_LIST,
+                    "cleanupToleration": ANY_OBJECT,
+                }
+            ),
+            "backends": {
+                "type": "object",
+                "description": "FLEXINFER_BACKENDS: a backend's settings, or null to remove a built-in one.",
+                "additionalProperties": {"type": ["object", "null"]},
+            },
             "stateDir": text(pattern="^/"),
             "rbac": strict({"create": flag()}),
         },

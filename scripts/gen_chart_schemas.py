@@ -61,8 +61,9 @@ DURATION = text(pattern=r"^[0-9]+(ms|s|m|h)$")
 COUNT_OR_PERCENT: Schema = {"anyOf": [integer(0), text(pattern=r"^[0-9]+%$")]}
 
 
-def connection(url_key: str, secret_key: str, *, generated: bool = False) -> Schema:
-    """nats / database / adminToken: a value (url or value), or an existing Secret and its key."""
+def connection(url_key: str, secret_key: str, *, generated: bool = False, install: bool = False) -> Schema:
+    """nats / database / adminToken: a value (url or value), or an existing Secret and its key; in the umbrella's
+    global, also the Secret it generates (adminToken) or whether it runs the server (nats, database)."""
     properties: dict[str, Schema] = {
         url_key: text(),
         "existingSecret": text(),
@@ -70,6 +71,8 @@ def connection(url_key: str, secret_key: str, *, generated: bool = False) -> Sch
     }
     if generated:
         properties["generatedSecret"] = text()
+    if install:
+        properties["install"] = flag("Run the server in this release when neither url nor existingSecret is given.")
     return strict(properties)
 
 
@@ -182,6 +185,22 @@ def service_chart(component: str, port: int, own: dict[str, Schema]) -> Schema:
     }
 
 
+BUNDLED_SERVER = strict(
+    {
+        "image": strict(
+            {
+                "repository": text(minLength=1),
+                "tag": text(minLength=1),
+                "pullPolicy": one_of("Always", "IfNotPresent", "Never"),
+            }
+        ),
+        "storage": strict(
+            {"size": text(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"), "storageClassName": text()}
+        ),
+        "resources": ANY_OBJECT,
+    }
+)
+
 WATCH_NAMESPACES: Schema = {"type": "array", "items": NAME, "uniqueItems": True}
 LEADER_ELECTION = strict({"enabled": flag(), "leaseName": NAME})
 
@@ -264,8 +283,8 @@ SCHEMAS: dict[str, Schema] = {
                         "flexinfer": strict(
                             {
                                 "image": strict({"registry": text(), "tag": {"type": ["string", "number"]}}),
-                                "nats": NATS,
-                                "database": DATABASE,
+                                "nats": connection("url", "nats-url", install=True),
+                                "database": connection("url", "database-url", install=True),
                                 "adminToken": connection("value", "admin-token", generated=True),
                             }
                         )
@@ -278,6 +297,8 @@ SCHEMAS: dict[str, Schema] = {
                 "scheduler": ANY_OBJECT,
                 "actuator": ANY_OBJECT,
                 "lease-manager": ANY_OBJECT,
+                "nats": BUNDLED_SERVER,
+                "postgresql": BUNDLED_SERVER,
                 "monitoring": strict(
                     {
                         "prometheusRule": strict({"enabled": flag(), "labels": STRING_MAP}),

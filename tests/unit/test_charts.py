@@ -558,7 +558,7 @@ def test_notes_say_what_is_configured() -> None:
     assert "get secret flexinfer-admin" in text
     assert "admits only this release's pods" in text
     assert "helm test" not in text
-    assert "pre-install/pre-upgrade hook Job" in text
+    assert "hook Job (flexinfer-scheduler-migrations) before the install and before each upgrade" in text
 
     text = notes("actuator", {"backend": "local"})
     assert "backend: local" in text and "watches Models" not in text
@@ -812,6 +812,102 @@ def test_umbrella_generates_one_admin_token_every_service_shares(umbrella: Path)
     without_crds = render(umbrella, {"flexinfer-crds": {"enabled": False}, "actuator": {"enabled": False}})
     assert not objects(without_crds, "CustomResourceDefinition")
     assert len(objects(without_crds, "Deployment")) == 3
+
+
+def test_umbrella_runs_nats_and_postgresql_when_asked(umbrella: Path) -> None:
+    assert not objects(render(umbrella), "StatefulSet")  # external servers by default
+    values = {"global": {"flexinfer": {"nats": {"install": True}, "database": {"install": True}}}}
+    documents = render(umbrella, values)
+    for document in documents:
+        validate_kubernetes(document)
+    sets = {s["metadata"]["name"]: s for s in objects(documents, "StatefulSet")}
+    assert sorted(sets) == [f"{RELEASE}-nats", f"{RELEASE}-postgresql"]
+    nats = sets[f"{RELEASE}-nats"]["spec"]
+    assert "-js" in nats["template"]["spec"]["containers"][0]["args"]
+    assert nats["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    for statefulset in sets.values():
+        pod = statefulset["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+        service = next(
+            s for s in objects(documents, "Service") if s["metadata"]["name"] == statefulset["metadata"]["name"]
+        )
+        assert service["spec"]["selector"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+
+    secret = next(s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-postgresql")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    url = base64.b64decode(secret["data"]["database-url"]).decode()
+    assert len(password) == 32 and url == f"postgresql://flexinfer:{password}@{RELEASE}-postgresql:5432/flexinfer"
+    postgres_env = env_of(sets[f"{RELEASE}-postgresql"]["spec"]["template"]["spec"]["containers"][0])
+    assert postgres_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "password",
+    }
+
+    # Every service connects to them; the migrations wait for the database and run after the install.
+    for deployment in objects(documents, "Deployment"):
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222"
+        if "FLEXINFER_DATABASE_URL" in env:
+            assert env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": f"{RELEASE}-postgresql",
+                "key": "database-url",
+            }
+    job = one(documents, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    (wait,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert "asyncpg.connect" in wait["command"][2]
+    assert not [s for s in objects(documents, "Secret") if s["metadata"]["name"].endswith("-migrations")]
+
+    # A URL given wins over install.
+    given = render(umbrella, {"global": {"flexinfer": {"nats": {"install": True, "url": "nats://mine:4222"}}}})
+    proxy = next(d for d in objects(given, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-proxy")
+    assert (
+        env_of(proxy["spec"]["template"]["spec"]["containers"][0])["FLEXINFER_NATS_URL"]["value"] == "nats://mine:4222"
+    )
+
+
+def test_umbrella_monitoring_renders_the_rules_and_dashboard_files(umbrella: Path) -> None:
+    assert not objects(render(umbrella), "PrometheusRule")
+    documents = render(
+        umbrella,
+        {
+            "monitoring": {
+                "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                "grafanaDashboard": {"enabled": True},
+            }
+        },
+    )
+    rule = one(documents, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((CHARTS / "flexinfer" / "files" / "prometheus-rules.yaml").read_text())
+    dashboard = next(c for c in objects(documents, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["flexinfer.json"]) == json.loads(
+        (CHARTS / "flexinfer" / "files" / "grafana-dashboard.json").read_text()
+    )
+    validate_kubernetes(dashboard)
+
+
+def test_umbrella_notes_say_what_this_release_runs(umbrella: Path) -> None:
+    text = notes(umbrella)
+    assert "proxy: 2 replica(s)" in text and "actuator: 1 replica(s), backend kubernetes" in text
+    assert "NATS: nats://nats:4222 (the default" in text
+    assert "generated into Secret flexinfer-flexinfer-admin-token" in text
+    assert "no PrometheusRule" in text
+    text = notes(
+        umbrella,
+        {
+            "global": {"flexinfer": {"nats": {"install": True}, "database": {"existingSecret": "pg"}}},
+            "lease-manager": {"enabled": False},
+            "monitoring": {"grafanaDashboard": {"enabled": True}},
+        },
+    )
+    assert "NATS: flexinfer-nats, run by this release" in text
+    assert "PostgreSQL: from Secret pg" in text
+    assert "lease-manager: not installed" in text
+    assert "Grafana dashboard in ConfigMap flexinfer-flexinfer-dashboard" in text
 
 
 # --------------------------------------------------------------------------------------------------- CRDs

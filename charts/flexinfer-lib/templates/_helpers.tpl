@@ -65,7 +65,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 
 {{/*
 Connection settings (nats, database, adminToken), each a dict of url/value, existingSecret, existingSecretKey:
-this chart's values when they name anything, else global.flexinfer's. Rendered as YAML; use with fromYaml.
+this chart's values when they name anything, else global.flexinfer's, else (nats, database) the servers the
+umbrella chart runs in the release when global.flexinfer.<key>.install is true (then "install" is true too).
+Rendered as YAML; use with fromYaml.
 */}}
 {{- define "flexinfer.connections" -}}
 {{- $g := include "flexinfer.global" . | fromYaml }}
@@ -77,6 +79,12 @@ this chart's values when they name anything, else global.flexinfer's. Rendered a
 {{- $_ := set $out $key $local }}
 {{- else if or $global.url $global.value $global.existingSecret $global.generatedSecret }}
 {{- $_ := set $out $key (merge (dict) $global (pick $local "existingSecretKey")) }}
+{{- else if and $global.install (eq $key "nats") }}
+{{- /* The umbrella chart runs NATS in this release (global.flexinfer.nats.install). */}}
+{{- $_ := set $out $key (dict "url" (printf "nats://%s-nats:4222" $.Release.Name) "install" true) }}
+{{- else if and $global.install (eq $key "database") }}
+{{- /* The umbrella chart runs PostgreSQL in this release and keeps its URL in this Secret. */}}
+{{- $_ := set $out $key (dict "existingSecret" (printf "%s-postgresql" $.Release.Name) "existingSecretKey" "database-url" "install" true) }}
 {{- else }}
 {{- $_ := set $out $key $local }}
 {{- end }}

@@ -115,6 +115,9 @@ def service_values(component: str, port: int) -> dict[str, Schema]:
             }
         ),
         "nats": NATS,
+        # The scheduler and the lease manager use it; the other charts accept it (one values file for all four
+        # charts) and ignore it.
+        "database": DATABASE,
         "adminToken": ADMIN_TOKEN,
         "modelNamespace": text(),
         "logLevel": one_of("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -210,7 +213,6 @@ SCHEMAS: dict[str, Schema] = {
         "scheduler",
         8081,
         {
-            "database": DATABASE,
             "migrations": strict(
                 {
                     "enabled": flag(),
@@ -252,7 +254,7 @@ SCHEMAS: dict[str, Schema] = {
     "lease-manager": service_chart(
         "lease-manager",
         8082,
-        {"database": DATABASE, "rbac": strict({"create": flag(), "clusterWide": flag()})},
+        {"rbac": strict({"create": flag(), "clusterWide": flag()})},
     ),
     "flexinfer-crds": {
         "$schema": DRAFT,

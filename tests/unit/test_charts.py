@@ -85,13 +85,6 @@ EXISTING_SECRETS: dict[str, Any] = {
     "adminToken": {"existingSecret": "flexinfer-admin"},
 }
 
-DATABASE_CHARTS = {"scheduler", "lease-manager"}
-
-
-def for_chart(chart: str, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` without ``database`` for a chart that has none (its schema refuses the key)."""
-    return values if chart in DATABASE_CHARTS else {k: v for k, v in values.items() if k != "database"}
-
 
 # --------------------------------------------------------------------------------------------------- helpers
 
@@ -201,7 +194,7 @@ def test_helm_lint_umbrella(umbrella: Path) -> None:
 
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_charts_lint_with_every_option_on(chart: str) -> None:
-    for values in (EVERYTHING_ON, for_chart(chart, EXISTING_SECRETS)):
+    for values in (EVERYTHING_ON, EXISTING_SECRETS):
         report = helm.lint(chart_dir(chart), values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
 
@@ -212,7 +205,7 @@ def test_charts_lint_with_every_option_on(chart: str) -> None:
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, EXISTING_SECRETS], ids=["defaults", "everything-on", "secrets"])
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_rendered_objects_are_valid_kubernetes(chart: str, values: dict[str, Any]) -> None:
-    documents = render(chart_dir(chart), for_chart(chart, values))
+    documents = render(chart_dir(chart), values)
     assert documents
     for document in documents:
         if document["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -285,8 +278,7 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
 
     # Inline values: the admin token and the database URL go to the chart's Secret, never into the pod spec.
     documents = render(
-        chart_dir(chart),
-        for_chart(chart, {"adminToken": {"value": "s3cret"}, "database": {"url": "postgresql://u:pw@db/f"}}),
+        chart_dir(chart), {"adminToken": {"value": "s3cret"}, "database": {"url": "postgresql://u:pw@db/f"}}
     )
     env = env_of(deployment_container(documents))
     secret = release_secret(documents)
@@ -296,9 +288,12 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
     }
     assert "s3cret" not in json.dumps(one(documents, "Deployment"))
     assert "checksum/secret" in one(documents, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    # One values file serves the four charts: `database` is accepted everywhere, used only where it is needed.
+    assert ("FLEXINFER_DATABASE_URL" in env) == needs_database
+    assert ("database-url" in secret["data"]) == needs_database
 
     # Existing Secrets.
-    env = env_of(deployment_container(render(chart_dir(chart), for_chart(chart, EXISTING_SECRETS))))
+    env = env_of(deployment_container(render(chart_dir(chart), EXISTING_SECRETS)))
     assert env["FLEXINFER_NATS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "flexinfer-nats", "key": "url"}
     assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "flexinfer-admin",

@@ -92,6 +92,11 @@ Rendered as YAML; use with fromYaml.
 {{- toYaml $out }}
 {{- end }}
 
+{{/* Non-empty for the services that keep state in PostgreSQL; `database` in another chart's values is ignored. */}}
+{{- define "flexinfer.usesDatabase" -}}
+{{- if has .Values.component (list "scheduler" "lease-manager") }}true{{ end }}
+{{- end }}
+
 {{/* FLEXINFER_NATS_URL when no Secret holds it: the values' url, else nats://nats:4222. */}}
 {{- define "flexinfer.natsURL" -}}
 {{- $c := include "flexinfer.connections" . | fromYaml }}
@@ -120,7 +125,7 @@ values given inline (the chart's own Secret, or the migration hook's).
 {{- else }}
   value: {{ include "flexinfer.natsURL" $ | quote }}
 {{- end }}
-{{- if hasKey $.Values "database" }}
+{{- if include "flexinfer.usesDatabase" $ }}
 {{- $db := $c.database }}
 - name: FLEXINFER_DATABASE_URL
   valueFrom:
@@ -158,7 +163,7 @@ values given inline (the chart's own Secret, or the migration hook's).
 {{/* The data of a Secret holding the connection values given inline. */}}
 {{- define "flexinfer.secretData" -}}
 {{- $c := include "flexinfer.connections" . | fromYaml }}
-{{- if and (hasKey .Values "database") (not $c.database.existingSecret) }}
+{{- if and (include "flexinfer.usesDatabase" .) (not $c.database.existingSecret) }}
 database-url: {{ $c.database.url | default "postgresql://flexinfer@postgres:5432/flexinfer" | b64enc | quote }}
 {{- end }}
 {{- if $c.adminToken.existingSecret }}

@@ -20,7 +20,7 @@ Replicas: {{ $replicas }}
 {{- end }}
 {{- if include "flexinfer.topologySpread" . }}, spread by topologySpreadConstraints{{ end }}.
 NATS: {{ if $c.nats.existingSecret }}from Secret {{ $c.nats.existingSecret }} (key {{ $c.nats.existingSecretKey | default "nats-url" }}){{ else }}{{ include "flexinfer.natsURL" . }}{{ end }}
-{{- if hasKey .Values "database" }}
+{{- if include "flexinfer.usesDatabase" . }}
 PostgreSQL: {{ if $c.database.existingSecret }}from Secret {{ $c.database.existingSecret }} (key {{ $c.database.existingSecretKey | default "database-url" }}){{ else if $c.database.url }}the URL given in the values (kept in Secret {{ $fullname }}){{ else }}postgresql://flexinfer@postgres:5432/flexinfer (the default: set database.url or database.existingSecret){{ end }}
 {{- end }}
 Admin token (every /api/v1 call needs it as a bearer token): {{ if $c.adminToken.existingSecret }}Secret {{ $c.adminToken.existingSecret }}, key {{ $c.adminToken.existingSecretKey | default "admin-token" }}

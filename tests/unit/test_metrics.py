@@ -39,6 +39,8 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "flexinfer_proxy_queue_wait_seconds": ("histogram", ()),
         "flexinfer_proxy_requests": ("counter", ("namespace", "model", "code")),
         "flexinfer_proxy_cold_starts": ("counter", ("namespace", "model")),
+        "flexinfer_proxy_request_duration_seconds": ("histogram", ("namespace", "model")),
+        "flexinfer_proxy_time_to_first_byte_seconds": ("histogram", ("namespace", "model")),
     },
     "flexinfer_scheduler": {
         **SHARED,

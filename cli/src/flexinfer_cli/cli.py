@@ -8,8 +8,9 @@ Each command lives in its own module under :mod:`flexinfer_cli.commands` and reg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from enum import IntEnum, StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -83,33 +84,18 @@ class OutputFormat(StrEnum):
     NAME = "name"
 
 
-SchedulerUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--scheduler-url",
-        envvar=Service.SCHEDULER.url_variable,
-        help="Scheduler admin API (default: http://127.0.0.1:$FLEXINFER_SCHEDULER_PORT or 8081)",
+def _url_option(service: Service, what: str) -> Any:
+    return typer.Option(
+        service.url_flag,
+        envvar=service.url_variable,
+        help=f"{what} (default: http://127.0.0.1:${service.port_variable} or {service.default_port})",
         show_default=False,
-    ),
-]
-ProxyUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--proxy-url",
-        envvar=Service.PROXY.url_variable,
-        help="Proxy (default: http://127.0.0.1:$FLEXINFER_PROXY_PORT or 8080)",
-        show_default=False,
-    ),
-]
-LeaseManagerUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--lease-manager-url",
-        envvar=Service.LEASE_MANAGER.url_variable,
-        help="Lease manager API (default: http://127.0.0.1:$FLEXINFER_LEASE_MANAGER_PORT or 8082)",
-        show_default=False,
-    ),
-]
+    )
+
+
+SchedulerUrl = Annotated[str | None, _url_option(Service.SCHEDULER, "Scheduler admin API")]
+ProxyUrl = Annotated[str | None, _url_option(Service.PROXY, "Proxy")]
+LeaseManagerUrl = Annotated[str | None, _url_option(Service.LEASE_MANAGER, "Lease manager API")]
 NatsUrl = Annotated[
     str | None,
     typer.Option(
@@ -170,6 +156,18 @@ def model_argument(value: str, namespace: str | None = None) -> ModelRef:
         return parse_model_ref(value, default_namespace=namespace_or_default(namespace))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+@contextlib.asynccontextmanager
+async def admin_clients(
+    urls: Mapping[Service, str], needed: Iterable[Service]
+) -> AsyncIterator[dict[Service, AdminClient]]:
+    """One open AdminClient per service in ``needed`` (at the URL ``urls`` gives it), closed on the way out."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield {
+            service: await stack.enter_async_context(AdminClient(service, urls[service], token=admin_token()))
+            for service in set(needed)
+        }
 
 
 async def call(service: Service, url: str, action: Callable[[AdminClient], Awaitable[T]]) -> T:

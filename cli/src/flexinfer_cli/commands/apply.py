@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import typer
 
-from flexinfer_cli.cli import Files, LeaseManagerUrl, SchedulerUrl, app, fail, resolve_url, run
-from flexinfer_cli.client import AdminClient, CliError
-from flexinfer_cli.config import Service, admin_token, default_namespace
+from flexinfer_cli.cli import ExitCode, Files, LeaseManagerUrl, SchedulerUrl, admin_clients, app, fail, resolve_url, run
+from flexinfer_cli.client import CliError
+from flexinfer_cli.config import Service, default_namespace
 
 
 @app.command()
@@ -17,7 +15,7 @@ def apply(file: Files, scheduler_url: SchedulerUrl = None, lease_manager_url: Le
     from flexinfer_cli.apply import ApiCall, execute_plan, plan_apply, read_manifests
 
     if not file:
-        fail("give the manifests with -f FILE", 2)
+        fail("give the manifests with -f FILE", ExitCode.USAGE)
     try:
         resources = read_manifests(file)
     except CliError as exc:
@@ -30,11 +28,7 @@ def apply(file: Files, scheduler_url: SchedulerUrl = None, lease_manager_url: Le
     }
 
     async def go() -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            clients = {
-                service: await stack.enter_async_context(AdminClient(service, urls[service], token=admin_token()))
-                for service in needed
-            }
+        async with admin_clients(urls, needed) as clients:
             await execute_plan(plan, clients, echo=typer.echo, warn=lambda line: typer.echo(line, err=True))
 
     run(go())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
@@ -14,15 +13,16 @@ from flexinfer_cli.cli import (
     LeaseManagerUrl,
     Namespace,
     SchedulerUrl,
+    admin_clients,
     app,
     fail,
     namespace_or_default,
     resolve_url,
     run,
 )
-from flexinfer_cli.client import AdminClient, CliError
+from flexinfer_cli.client import CliError
 from flexinfer_cli.completion import complete_kind, complete_name
-from flexinfer_cli.config import Service, admin_token, default_namespace
+from flexinfer_cli.config import Service, default_namespace
 from flexinfer_cli.deleting import DeleteResult, NotDeletable, execute_deletes, plan_delete, plan_delete_resources
 from flexinfer_cli.tables import parse_kind
 
@@ -73,11 +73,7 @@ def delete(
     }
 
     async def go() -> DeleteResult:
-        async with contextlib.AsyncExitStack() as stack:
-            clients = {
-                service: await stack.enter_async_context(AdminClient(service, urls[service], token=admin_token()))
-                for service in {step.service for step in steps}
-            }
+        async with admin_clients(urls, (step.service for step in steps)) as clients:
             return await execute_deletes(steps, clients, echo=typer.echo)
 
     result = run(go())

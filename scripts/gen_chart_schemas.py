@@ -254,7 +254,12 @@ SCHEMAS: dict[str, Schema] = {
     "lease-manager": service_chart(
         "lease-manager",
         8082,
-        {"rbac": strict({"create": flag(), "clusterWide": flag()})},
+        {
+            "backend": one_of("kubernetes", "local", description="FLEXINFER_ACTUATOR"),
+            "watchNamespaces": WATCH_NAMESPACES,
+            "leaderElection": LEADER_ELECTION,
+            "rbac": strict({"create": flag()}),
+        },
     ),
     "flexinfer-crds": {
         "$schema": DRAFT,

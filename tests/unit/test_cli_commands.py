@@ -496,6 +496,10 @@ def test_lease_acquire_renew_release(api: FakeAdminApi) -> None:
 
     table = runner.invoke(app, ["get", "leases"], env=env_for(api))
     assert table.stdout.splitlines()[1].split() == ["lora-gpu-lease", "g", "lora", "box", "2026-01-01T01:00:00Z"]
+    wide = runner.invoke(app, ["get", "lease", "lora-gpu-lease", "-o", "wide"], env=env_for(api))
+    assert wide.stdout.splitlines()[0].split()[5:] == ["PHASE", "TTL", "ACQUIRED", "RENEWED", "SOURCE", "MESSAGE"]
+    assert wide.stdout.splitlines()[1].split()[5:7] == ["<none>", "10m"]  # the --ttl 600 it was acquired with
+    assert runner.invoke(app, ["get", "lease", "-o", "name"], env=env_for(api)).stdout == "gpulease/lora-gpu-lease\n"
 
     renewed = runner.invoke(app, ["lease", "renew", "lora-gpu-lease", "-o", "json"], env=env_for(api))
     assert renewed.exit_code == 0, renewed.output
@@ -504,6 +508,10 @@ def test_lease_acquire_renew_release(api: FakeAdminApi) -> None:
     released = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
     assert released.exit_code == 0, released.output
     assert released.stdout.strip() == "gpulease/lora-gpu-lease released"
+    again = runner.invoke(app, ["lease", "acquire", "--group", "g", "--owner", "lora"], env=env_for(api))
+    assert again.exit_code == 0, again.output
+    deleted = runner.invoke(app, ["delete", "lease", "lora-gpu-lease"], env=env_for(api))  # kubectl's habit
+    assert deleted.exit_code == 0 and deleted.stdout == "gpulease/lora-gpu-lease deleted\n"
     gone = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
     assert gone.exit_code == 1
     assert "lease lora-gpu-lease not found" in gone.stderr

@@ -57,7 +57,13 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "flexinfer_actuator_commands": ("counter", ("action", "result")),
         "flexinfer_actuator_leader": ("gauge", ()),
     },
-    "flexinfer_lease_manager": {**SHARED},
+    "flexinfer_lease_manager": {
+        **SHARED,
+        "flexinfer_gpu_lease_active": ("gauge", ("group", "namespace", "owner")),
+        "flexinfer_gpu_lease_acquired": ("counter", ("group", "namespace", "owner")),
+        "flexinfer_gpu_lease_expires_timestamp_seconds": ("gauge", ("group", "namespace", "owner")),
+        "flexinfer_lease_manager_leader": ("gauge", ()),
+    },
 }
 
 _LIST_METRICS = """
@@ -226,6 +232,8 @@ def test_the_alerts_an_operator_needs_are_there(rules: list[dict[str, Any]]) -> 
         "FlexInferNoActuatorLeader",
         "FlexInferGroupStuckSwapping",
         "FlexInferQueueWaitHigh",
+        "FlexInferLeaseHeldPastTTL",
+        "FlexInferNoLeaseManagerLeader",
     } <= names
 
 

@@ -38,7 +38,7 @@ NOT_IN = {
     "flexinfer-proxy": DATABASE | ADMIN_API | {"kubernetes", "pyyaml", "typer"},
     "flexinfer-scheduler": {"kubernetes", "aiohttp", "typer", "pyyaml"},
     "flexinfer-actuator": DATABASE | {"typer"},
-    "flexinfer-lease-manager": {"aiohttp", "typer"},
+    "flexinfer-lease-manager": {"typer", "httptools"},
 }
 
 

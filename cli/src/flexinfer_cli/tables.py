@@ -153,7 +153,8 @@ def lease_row(item: Lease) -> Row:
 
 def lease_wide(item: Lease) -> Row:
     ttl = format_seconds(item.ttl_seconds) if item.ttl_seconds is not None else NONE
-    return [ttl, _time(item.acquired_at), _time(item.renew_time)]
+    phase = item.phase.value if item.phase is not None else None
+    return [cell(phase), ttl, _time(item.acquired_at), _time(item.renew_time), cell(item.source), cell(item.message)]
 
 
 def queue_row(item: QueueInfo) -> Row:
@@ -268,7 +269,7 @@ VIEWS: dict[Kind, KindView] = {
         path="/api/v1/leases",
         headers=("NAME", "GROUP", "OWNER", "NODE", "EXPIRES"),
         row=lease_row,
-        wide_headers=("TTL", "ACQUIRED", "RENEWED"),
+        wide_headers=("PHASE", "TTL", "ACQUIRED", "RENEWED", "SOURCE", "MESSAGE"),
         wide=lease_wide,
         answer=LeaseList,
         item=Lease,

@@ -278,7 +278,7 @@ class ProxyHandler:
         request = exchange.request
         if error is None:
             if not exchange.client_left:
-                self._tally.count(exchange.key, exchange.status)
+                self._tally.count(exchange.key, exchange.status, request.arrived, exchange.head_at)
                 request.conn.finish(request)
         elif isinstance(error, NeverConnected):
             self._wait(
@@ -292,7 +292,7 @@ class ProxyHandler:
 
     def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
         if key is not None:
-            self._tally.count(key, error.status)
+            self._tally.count(key, error.status, request.arrived)
         request.conn.respond_error(request, error)
 
     def _endpoint(self, key: ModelKey, route: Route) -> Endpoint:
@@ -410,7 +410,7 @@ class ProxyHandler:
             raise
         if error is None:
             if not exchange.client_left:
-                self._tally.count(key, exchange.status)
+                self._tally.count(key, exchange.status, request.arrived, exchange.head_at)
                 request.conn.finish(request)
             return None
         if isinstance(error, NeverConnected):

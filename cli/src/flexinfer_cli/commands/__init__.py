@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("up", "apply", "get", "describe", "delete", "promote", "demand", "lease")
+COMMANDS = ("up", "apply", "get", "describe", "delete", "promote", "demand", "lease", "simulate")
 
 for _command in COMMANDS:
     importlib.import_module(f"{__name__}.{_command}")

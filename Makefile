@@ -52,14 +52,20 @@ verify: install ## Lint, format check, strict types, import contracts, migration
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_migrations.py
 	$(BIN)/python scripts/gen_events_doc.py --check
+	$(BIN)/python scripts/gen_chart_schemas.py --check
 
 .PHONY: chart-lint
-chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs and docker-compose.yml offline
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_charts.py
+chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs, the Dockerfiles, docker-compose.yml and the monitoring files offline
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_charts.py tests/unit/test_metrics.py
 
 .PHONY: docs
-docs: install ## Regenerate docs/events.md from the message schemas
+docs: install ## Regenerate docs/events.md from the message schemas and charts/*/values.schema.json
 	$(BIN)/python scripts/gen_events_doc.py
+	$(BIN)/python scripts/gen_chart_schemas.py
+
+.PHONY: charts
+charts: install ## Resolve the charts' file:// dependencies (the library chart; the umbrella's subcharts) for helm install/lint
+	$(BIN)/python -c 'import helm_python as h; [h.dependency_update(f"charts/{c}") for c in ("proxy", "scheduler", "actuator", "lease-manager", "flexinfer")]'
 
 .PHONY: bench
 bench: install ## Benchmarks (print ratios measured side by side)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import aiohttp
 
+from flexinfer_cli.embedded import LOOPBACK, EmbeddedNats, free_port
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.embedded import LOOPBACK, EmbeddedNats, free_port
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Route
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import aiohttp
 import nats
 
+from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from flexinfer_common.db import ModelRow, create_engine, ensure_database_exists, session_factory, upgrade_database
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from flexinfer_common.messages import Demand, RuntimeStatus
 from flexinfer_common.subjects import demand_subject, runtime_status_subject
 

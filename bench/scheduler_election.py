@@ -20,10 +20,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import ModelRow, create_engine, ensure_database_exists, session_factory, upgrade_database
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
 from flexinfer_common.enums import ScaleAction
 from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.store import Store

@@ -37,7 +37,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flexinfer_common.embedded import free_port  # noqa: E402
+from flexinfer_cli.embedded import free_port  # noqa: E402
 from flexinfer_common.settings import CommonSettings  # noqa: E402
 from tests.support.kube import running_cluster  # noqa: E402
 from tests.support.kube_models import add_model  # noqa: E402

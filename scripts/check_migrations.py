@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alembic import command
 
+from flexinfer_cli.embedded import EmbeddedPostgres
 from flexinfer_common.db import _alembic_config, upgrade_database_sync
-from flexinfer_common.embedded import EmbeddedPostgres
 from tests.support.servers import create_test_database, drop_test_database, normalize_database_url
 
 

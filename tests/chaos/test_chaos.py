@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 from tests.support.up import BIN, up_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 from tests.support.kube import KubeCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -67,6 +67,9 @@ async def test_a_request_for_the_parked_model_swaps_the_deployments(
                 assert headers.get("X-FlexInfer-Cold-Start") == "true"
 
             await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Preempted", message="a Preempted")
+            # b answered through the proxy once its route was Ready; its Model status is written back on its own
+            # path (scheduler -> actuator -> API server), which may trail under load: wait for it, not for a sleep.
+            await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready in its status")
             a, b = status_of(kube, "a"), status_of(kube, "b")
             assert b["phase"] == "Ready" and b["sharedGroup"]["state"] == "Active"
             assert a["preemptedBy"] == "b" and a["sharedGroup"]["state"] == "Parked"

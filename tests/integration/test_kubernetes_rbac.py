@@ -16,7 +16,7 @@ from tests.integration.test_kubernetes_rendering import rendering_options
 from tests.support.kube import KubeCluster, NodeConfig, running_cluster
 from tests.support.kube_models import add_model, create, known, model_deployment, model_resource
 from tests.support.system import running_system
-from tests.unit.test_charts import CHARTS, render
+from tests.unit.test_charts import chart_dir, render
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ Permission = tuple[str, str, str]  # API group, resource[/subresource], verb
 
 def chart_permissions() -> set[Permission]:
     granted: set[Permission] = set()
-    for document in render(CHARTS / "actuator"):
+    for document in render(chart_dir("actuator")):
         if document["kind"] not in ("ClusterRole", "Role"):
             continue
         for rule in document["rules"]:

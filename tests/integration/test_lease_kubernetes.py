@@ -26,7 +26,7 @@ from tests.integration.test_swap import wait_for
 from tests.support.kube import KubeCluster
 from tests.support.kube.store import StoredEvent
 from tests.support.system import KUBERNETES_TIMINGS, System, fake_model, running_system
-from tests.unit.test_charts import CHARTS, render
+from tests.unit.test_charts import chart_dir, render
 
 pytestmark = pytest.mark.integration
 
@@ -366,7 +366,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
         if call.user_agent.startswith("flexinfer-lease-manager/") and call.resource
     }
     granted = set()
-    for document in render(CHARTS / "lease-manager"):
+    for document in render(chart_dir("lease-manager")):
         if document["kind"] in ("ClusterRole", "Role"):
             for rule in document["rules"]:
                 for group in rule["apiGroups"]:

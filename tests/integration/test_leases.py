@@ -27,8 +27,8 @@ import pytest
 from flexinfer_cli.apply import execute_plan, plan_apply
 from flexinfer_cli.client import AdminClient
 from flexinfer_cli.config import Service
+from flexinfer_cli.embedded import free_port
 from flexinfer_common.bus import Bus
-from flexinfer_common.embedded import free_port
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
 from tests.integration.test_scheduler_policies import members, running, sql
@@ -155,6 +155,8 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
         labels = {"group": "gpu", "namespace": "default", "owner": "trainer"}
         assert metric(text, "flexinfer_gpu_lease_active", **labels) == 1
         assert metric(text, "flexinfer_gpu_lease_acquired_total", **labels) == 1
+        expires = datetime.fromisoformat(lease["expiresAt"].replace("Z", "+00:00")).timestamp()
+        assert metric(text, "flexinfer_gpu_lease_expires_timestamp_seconds", **labels) == pytest.approx(expires)
 
         # A second acquire for the held group: 409 naming the holder.
         status, refused = await acquire(system, {"group": "gpu", "owner": "other"})
@@ -179,7 +181,11 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
         assert await phase_is(system, "a", "Ready")
 
         async def series_removed() -> bool:  # once the lease ended
-            return metric(await system.metrics("lease-manager"), "flexinfer_gpu_lease_active", **labels) is None
+            text = await system.metrics("lease-manager")
+            return (
+                metric(text, "flexinfer_gpu_lease_active", **labels) is None
+                and metric(text, "flexinfer_gpu_lease_expires_timestamp_seconds", **labels) is None
+            )
 
         await wait_for(series_removed)
         await recorder.last_kind("trainer-gpu-lease", "lease.released")

@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from flexinfer_cli.embedded import EmbeddedNats
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.embedded import EmbeddedNats
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Demand, Route
 from flexinfer_fake_model.server import FakeModelConfig, build_app

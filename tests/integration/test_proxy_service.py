@@ -341,6 +341,8 @@ async def test_end_to_end_headers_pass_both_ways_and_hop_by_hop_ones_do_not(
 
 
 async def test_metrics_count_requests_waits_and_cold_starts(proxy: Harness, fake_model: str) -> None:
+    async with proxy.http.get(proxy.base + "/metrics") as resp:
+        before = metric_samples(await resp.text())  # the registry is the test process's: count from here
     await proxy.put_route("m1")
     waiting = asyncio.create_task(proxy.chat("m1"))
     await proxy.until_queued("m1", 1)
@@ -359,6 +361,29 @@ async def test_metrics_count_requests_waits_and_cold_starts(proxy: Harness, fake
         'flexinfer_proxy_cold_starts_total{model="m1",namespace="default"}',
     ):
         assert name in text, name
+
+    # Per model, timed from the request's arrival: its wait is included, its first byte came before its end.
+    after = metric_samples(text)
+
+    def grew(name: str) -> float:
+        key = name + '{model="m1",namespace="default"}'
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("flexinfer_proxy_request_duration_seconds_count") == 1
+    assert grew("flexinfer_proxy_time_to_first_byte_seconds_count") == 1
+    waited = after["flexinfer_proxy_queue_wait_seconds_sum"] - before.get("flexinfer_proxy_queue_wait_seconds_sum", 0)
+    first_byte = grew("flexinfer_proxy_time_to_first_byte_seconds_sum")
+    assert waited <= first_byte <= grew("flexinfer_proxy_request_duration_seconds_sum")
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value of a Prometheus text exposition (labels as the client library orders them)."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 async def test_expect_100_continue_is_answered_by_the_proxy(proxy: Harness, recorder: tuple[Recorder, str]) -> None:

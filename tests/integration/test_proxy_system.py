@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 from tests.support.system import TIMINGS, _ready, fake_model, running_system
 
 pytestmark = pytest.mark.integration

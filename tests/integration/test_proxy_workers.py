@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from flexinfer_cli.embedded import free_port
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.embedded import free_port
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Demand, Route
 from flexinfer_fake_model.server import FakeModelConfig, build_app

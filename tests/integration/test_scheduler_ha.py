@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 from tests.integration.test_swap import ProcessTableWatcher, chat, wait_for
 from tests.support.system import TIMINGS, System, fake_model, running_system
 

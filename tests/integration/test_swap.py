@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,17 @@ class ProcessTableWatcher:
         self._task.cancel()
 
 
+async def group_gauges(system: System) -> dict[str, float]:
+    """``flexinfer_group_active_model`` of group ``gpu`` per model, as the scheduler exports it; asserts that no
+    swap is in progress."""
+    assert system.http is not None
+    async with system.http.get(system.url("scheduler") + "/metrics") as resp:
+        text = await resp.text()
+    assert 'flexinfer_group_swap_started_timestamp_seconds{group="gpu"}' not in text
+    found = re.findall(r'^flexinfer_group_active_model\{group="gpu",model="([^"]+)"\} (\S+)$', text, re.M)
+    return {model: float(value) for model, value in found}
+
+
 def response_number(body: dict[str, Any]) -> int:
     """The fake model numbers completions in arrival order: ``chatcmpl-<pid>-<n>``."""
     return int(body["id"].rsplit("-", 1)[1])
@@ -116,6 +128,17 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(
         latest = swaps[0]
         assert (latest["fromModel"], latest["toModel"], latest["reason"]) == ("default/a", "default/b", "demand")
         assert latest["finishedAt"] is not None and {"parking", "loading"} <= set(latest["phases"])
+
+        # The leader's per-group gauges: b active, a a member; no swap running. A deleted model's series goes.
+        assert await group_gauges(system) == {"b": 1.0, "a": 0.0}
+        assert system.http is not None
+        async with system.http.delete(system.url("scheduler") + "/api/v1/models/default/a") as resp:
+            assert resp.status in (200, 204), await resp.text()
+
+        async def a_forgotten() -> bool:
+            return await group_gauges(system) == {"b": 1.0}
+
+        await wait_for(a_forgotten)
 
 
 async def test_malformed_demand_is_counted_and_the_next_good_one_works(

@@ -7,7 +7,7 @@ Resolution order, independently for NATS and for PostgreSQL:
    and normalized to ``postgresql+asyncpg://``.
 2. testcontainers (``nats:2.10 -js``, ``postgres:16-alpine``) when a Docker engine answers a ping
    within ~2 s (set ``FLEXINFER_TEST_DOCKER=0`` to skip Docker).
-3. The embedded servers from :mod:`flexinfer_common.embedded`, with their data in ``tmp_root``.
+3. The embedded servers from :mod:`flexinfer_cli.embedded`, with their data in ``tmp_root``.
 
 Usage (e.g. in a session fixture)::
 
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
+from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres
 
 __all__ = [
     "ENV_DATABASE_URL",

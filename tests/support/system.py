@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 
 
 @dataclass

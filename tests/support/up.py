@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from flexinfer_common.embedded import free_port
+from flexinfer_cli.embedded import free_port
 
 BIN = Path(sys.executable).parent
 

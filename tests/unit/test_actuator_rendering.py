@@ -395,19 +395,15 @@ def test_the_flash_loader_command_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_the_charts_rendering_values_are_settings_the_actuator_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    import helm_python as helm
-    import yaml
-
     from flexinfer_actuator.settings import ActuatorSettings
     from flexinfer_common.settings import SettingsError, load_settings
+    from tests.unit.test_charts import chart_dir, render
 
     values = {
         "backends": {"vllm": {"image": "mirror.local/vllm:1"}, "ollama": None},
         "rendering": {"gpuResource": "amd.com/gpu", "modelNodeSelector": {"gpu": "yes"}},
     }
-    with helm.Chart.load("charts/actuator") as chart:
-        rendered = chart.render(values, name="flexinfer", namespace="flexinfer-system", is_install=True)
-    deployment = next(yaml.safe_load(v) for k, v in rendered.items() if k.endswith("deployment.yaml"))
+    deployment = next(d for d in render(chart_dir("actuator"), values) if d["kind"] == "Deployment")
     for entry in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
         if entry["name"].startswith("FLEXINFER_") and "value" in entry:
             monkeypatch.setenv(entry["name"], entry["value"])

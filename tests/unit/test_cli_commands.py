@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 from typer.testing import CliRunner
 
 from flexinfer_cli.config import ModelRef
 from flexinfer_cli.demand import publish_demand
+from flexinfer_cli.embedded import free_port
 from flexinfer_cli.main import app
-from flexinfer_common.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HOMELAB = str(REPO / "examples" / "homelab.yaml")
@@ -37,6 +38,9 @@ class FakeAdminApi:
     requests: list[tuple[str, str, Any]] = field(default_factory=list)
     models: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gpugroups: set[str] = field(default_factory=set)
+    swaps: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
     def app(self) -> web.Application:
@@ -60,10 +64,14 @@ class FakeAdminApi:
         application.router.add_get("/readyz", answer({"ready": True}))
         application.router.add_get("/api/v1/models", self.list_models)
         application.router.add_put("/api/v1/models/{ns}/{name}", self.put_model)
+        application.router.add_get("/api/v1/models/{ns}/{name}", self.get_model)
+        application.router.add_delete("/api/v1/models/{ns}/{name}", self.delete_model)
+        application.router.add_delete("/api/v1/gpugroups/{name}", self.delete_group)
+        application.router.add_get("/api/v1/groups/{name}", self.get_group)
         application.router.add_post("/api/v1/models/{ns}/{name}/promote", self.promote)
         application.router.add_put("/api/v1/gpugroups/{name}", self.put_group)
-        application.router.add_get("/api/v1/groups", answer({"items": []}))
-        application.router.add_get("/api/v1/swaps", answer({"items": []}))
+        application.router.add_get("/api/v1/groups", answer(lambda: {"items": list(self.groups.values())}))
+        application.router.add_get("/api/v1/swaps", answer(lambda: {"items": self.swaps}))
         application.router.add_get("/api/v1/queues", self.queues)
         application.router.add_get("/api/v1/leases", answer(lambda: {"items": list(self.leases.values())}))
         application.router.add_post("/api/v1/leases", self.acquire)
@@ -84,6 +92,26 @@ class FakeAdminApi:
         self.models[(request.match_info["ns"], request.match_info["name"])] = model
         return web.json_response(model)
 
+    async def get_model(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        model = self.models.get(key)
+        return web.json_response(model) if model else error(404, f"model {key[0]}/{key[1]} not found")
+
+    async def delete_model(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        model = self.models.pop(key, None)
+        return web.json_response(model) if model else error(404, f"model {key[0]}/{key[1]} not found")
+
+    async def delete_group(self, request: web.Request) -> web.Response:
+        if request.match_info["name"] not in self.gpugroups:
+            return error(404, f"gpugroup {request.match_info['name']} not found")
+        self.gpugroups.discard(request.match_info["name"])
+        return web.Response(status=204)
+
+    async def get_group(self, request: web.Request) -> web.Response:
+        group = self.groups.get(request.match_info["name"])
+        return web.json_response(group) if group else error(404, f"group {request.match_info['name']} not found")
+
     async def promote(self, request: web.Request) -> web.Response:
         key = (request.match_info["ns"], request.match_info["name"])
         if key not in self.models:
@@ -91,6 +119,7 @@ class FakeAdminApi:
         return web.json_response({}, status=202)
 
     async def put_group(self, request: web.Request) -> web.Response:
+        self.gpugroups.add(request.match_info["name"])
         return web.json_response(await request.json())
 
     async def queues(self, _: web.Request) -> web.Response:
@@ -249,8 +278,8 @@ def test_get_models_table_and_json(api: FakeAdminApi) -> None:
     table = runner.invoke(app, ["get", "models"], env=env_for(api))
     assert table.exit_code == 0, table.output
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "NAMESPACE", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]
-    assert lines[2].split() == ["chat-small", "default", "homelab-gpu", "50", "Pending", "Parked", "<none>", "<none>"]
+    assert lines[0].split() == ["NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]  # the seed's
+    assert lines[2].split() == ["chat-small", "homelab-gpu", "50", "Pending", "Parked", "<none>", "<none>"]
     as_json = runner.invoke(app, ["get", "model", "-o", "json"], env=env_for(api))
     assert as_json.exit_code == 0, as_json.output
     assert [m["metadata"]["name"] for m in json.loads(as_json.stdout)["items"]] == ["chat-large", "chat-small"]
@@ -259,11 +288,171 @@ def test_get_models_table_and_json(api: FakeAdminApi) -> None:
 def test_get_queues_from_the_proxy_and_empty_lists(api: FakeAdminApi) -> None:
     queues = runner.invoke(app, ["get", "queues"], env=env_for(api))
     assert queues.exit_code == 0, queues.output
-    assert queues.stdout.splitlines()[1].split() == ["default", "chat-large", "2", "3.5s"]
+    assert queues.stdout.splitlines() == ["MODEL        QUEUED   OLDEST_WAIT", "chat-large   2        3.5s"]
     swaps = runner.invoke(app, ["get", "swaps"], env=env_for(api))
     assert swaps.exit_code == 0
     assert swaps.stdout == ""
     assert "No swaps found." in swaps.stderr
+
+
+LAB_MODEL = """
+apiVersion: ai.flexinfer/v1alpha2
+kind: Model
+metadata: {name: chat-large, namespace: lab}
+spec: {backend: vllm, gpu: {shared: lab-gpu, priority: 7}, serviceLabels: [chat]}
+"""
+
+
+def applied(api: FakeAdminApi, tmp_path: Path) -> None:
+    """homelab.yaml's two models in default, and one chat-large in namespace lab."""
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(LAB_MODEL)
+    for manifest in (HOMELAB, str(lab)):
+        assert runner.invoke(app, ["apply", "-f", manifest], env=env_for(api)).exit_code == 0
+
+
+def test_get_lists_one_namespace_unless_all_namespaces(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    default = runner.invoke(app, ["get", "models"], env=env_for(api))
+    assert [line.split()[0] for line in default.stdout.splitlines()[1:]] == ["chat-large", "chat-small"]
+    lab = runner.invoke(app, ["get", "models", "-n", "lab"], env=env_for(api))
+    assert lab.stdout.splitlines()[1].split() == ["chat-large", "lab-gpu", "7", "Pending", "Parked", "<none>", "<none>"]
+    everywhere = runner.invoke(app, ["get", "models", "-A"], env=env_for(api))
+    lines = everywhere.stdout.splitlines()
+    assert lines[0].split()[:2] == ["NAMESPACE", "NAME"]  # kubectl's -A: NAMESPACE leads
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["default", "chat-large"],
+        ["default", "chat-small"],
+        ["lab", "chat-large"],
+    ]
+    # FLEXINFER_NAMESPACE is the default namespace, as kubectl's context namespace is.
+    via_env = runner.invoke(app, ["get", "models"], env=env_for(api, FLEXINFER_NAMESPACE="lab"))
+    assert len(via_env.stdout.splitlines()) == 2
+    empty = runner.invoke(app, ["get", "models", "-n", "nowhere"], env=env_for(api))
+    assert empty.exit_code == 0 and "No models found in namespace nowhere." in empty.stderr
+
+
+def test_get_names_one_object_in_every_format(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    one_row = runner.invoke(app, ["get", "model", "chat-small"], env=env_for(api))
+    assert one_row.exit_code == 0 and [line.split()[0] for line in one_row.stdout.splitlines()] == [
+        "NAME",
+        "chat-small",
+    ]
+    slash = runner.invoke(app, ["get", "model/chat-large", "-n", "lab"], env=env_for(api))
+    assert slash.stdout.splitlines()[1].split()[2] == "7"
+
+    as_json = json.loads(runner.invoke(app, ["get", "models", "chat-small", "-o", "json"], env=env_for(api)).stdout)
+    assert as_json["metadata"]["name"] == "chat-small" and as_json["status"]["phase"] == "Pending"  # the object itself
+    as_yaml = yaml.safe_load(runner.invoke(app, ["get", "models", "-o", "yaml"], env=env_for(api)).stdout)
+    assert [m["metadata"]["name"] for m in as_yaml["items"]] == ["chat-large", "chat-small"]
+    names = runner.invoke(app, ["get", "models", "-A", "-o", "name"], env=env_for(api))
+    assert names.stdout.splitlines() == ["model/default/chat-large", "model/default/chat-small", "model/lab/chat-large"]
+    wide = runner.invoke(app, ["get", "models", "-n", "lab", "-o", "wide"], env=env_for(api))
+    header, row = wide.stdout.splitlines()
+    assert header.split()[7:] == ["PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "MESSAGE"]
+    assert row.split()[7:] == ["<none>", "chat", "vllm", "<none>"]
+    bare = runner.invoke(app, ["get", "models", "--no-headers"], env=env_for(api))
+    assert [line.split()[0] for line in bare.stdout.splitlines()] == ["chat-large", "chat-small"]
+
+
+def test_get_a_missing_name_fails_after_printing_the_others(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    result = runner.invoke(app, ["get", "models", "chat-small", "ghost"], env=env_for(api))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[1].split()[0] == "chat-small"
+    assert 'model "ghost" not found in namespace default' in result.stderr
+    assert runner.invoke(app, ["get", "model/a", "b"], env=env_for(api)).exit_code == 2
+
+
+def test_delete_kind_name_and_file(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    one = runner.invoke(app, ["delete", "model", "chat-small"], env=env_for(api))
+    assert one.exit_code == 0, one.output
+    assert one.stdout == "model/default/chat-small deleted\n"
+    assert ("default", "chat-small") not in api.models
+    again = runner.invoke(app, ["delete", "model", "chat-small"], env=env_for(api))
+    assert again.exit_code == 1 and "model/default/chat-small not found" in again.stderr
+    ignored = runner.invoke(app, ["delete", "model/chat-small", "--ignore-not-found"], env=env_for(api))
+    assert ignored.exit_code == 0 and ignored.stdout == ""
+
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(
+        LAB_MODEL
+        + "---\napiVersion: ai.flexinfer/v1alpha1\nkind: GPUGroup\nmetadata: {name: lab-gpu}\n"
+        + "spec: {models: [{name: chat-large, namespace: lab}]}\n"
+    )
+    assert runner.invoke(app, ["apply", "-f", str(manifest)], env=env_for(api)).exit_code == 0
+    from_file = runner.invoke(app, ["delete", "-f", str(manifest)], env=env_for(api))
+    assert from_file.exit_code == 0, from_file.output
+    assert from_file.stdout.splitlines() == ["model/lab/chat-large deleted", "gpugroup/lab-gpu deleted"]
+    deletes = [(m, path) for m, path, _ in api.requests if m == "DELETE"]
+    assert deletes[-2:] == [("DELETE", "/api/v1/models/lab/chat-large"), ("DELETE", "/api/v1/gpugroups/lab-gpu")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["delete", "queues", "x"], "queues cannot be deleted", id="not-deletable"),
+        pytest.param(["delete", "model"], "give the NAME", id="no-name"),
+        pytest.param(["delete"], "give -f FILE or KIND NAME", id="nothing"),
+        pytest.param(["delete", "model", "x", "-f", HOMELAB], "not both", id="both"),
+    ],
+)
+def test_delete_usage_errors_exit_2_and_call_nothing(api: FakeAdminApi, args: list[str], message: str) -> None:
+    result = runner.invoke(app, args, env=env_for(api))
+    assert result.exit_code == 2 and message in result.stderr
+    assert not [r for r in api.requests if r[0] == "DELETE"]
+
+
+def test_describe_model_shows_spec_status_group_and_swaps(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    api.groups["homelab-gpu"] = {
+        "name": "homelab-gpu",
+        "policy": "v1alpha2",
+        "activeModel": {"namespace": "default", "name": "chat-large"},
+        "state": "Serving",
+        "cooldownRemainingSeconds": 95,
+    }
+    api.swaps = [
+        {
+            "group": "homelab-gpu",
+            "fromModel": "default/chat-small",
+            "toModel": "default/chat-large",
+            "reason": "demand",
+            "startedAt": "2026-01-01T00:00:00Z",
+            "finishedAt": "2026-01-01T00:00:04Z",
+            "phases": {"parking": 1.5, "loading": 2.5},
+        },
+        {"group": "other", "fromModel": "x/a", "toModel": "x/b", "reason": "demand"},
+    ]
+    result = runner.invoke(app, ["describe", "model", "chat-small", "--no-events"], env=env_for(api))
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert text.startswith("Name:         chat-small\nNamespace:    default\n")
+    assert "Spec:\n" in text and "  GPU:\n" in text and "    Priority:         50\n" in text
+    assert "Status:\n  Phase:" in text
+    assert "Group:          homelab-gpu (v1alpha2), active default/chat-large, state Serving, cooldown 1m35s" in text
+    assert "default/chat-small   default/chat-large   demand" in text and "x/a" not in text
+    assert "Events:         <unavailable: not read (--no-events)>" in text
+
+    missing = runner.invoke(app, ["describe", "model", "ghost"], env=env_for(api))
+    assert missing.exit_code == 1 and 'model "ghost" not found in namespace default' in missing.stderr
+    assert runner.invoke(app, ["describe", "swaps", "x"], env=env_for(api)).exit_code == 2
+
+
+def test_describe_without_nats_still_describes(api: FakeAdminApi, tmp_path: Path) -> None:
+    applied(api, tmp_path)
+    env = env_for(api, FLEXINFER_NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    result = runner.invoke(app, ["describe", "model/chat-large", "-n", "lab"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "Name:         chat-large\nNamespace:    lab" in result.stdout
+    assert "Events:         <unavailable: cannot reach NATS at" in result.stdout
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == "flexinfer 0.1.0\n"
 
 
 def test_get_unknown_kind_is_a_usage_error(api: FakeAdminApi) -> None:
@@ -307,6 +496,10 @@ def test_lease_acquire_renew_release(api: FakeAdminApi) -> None:
 
     table = runner.invoke(app, ["get", "leases"], env=env_for(api))
     assert table.stdout.splitlines()[1].split() == ["lora-gpu-lease", "g", "lora", "box", "2026-01-01T01:00:00Z"]
+    wide = runner.invoke(app, ["get", "lease", "lora-gpu-lease", "-o", "wide"], env=env_for(api))
+    assert wide.stdout.splitlines()[0].split()[5:] == ["PHASE", "TTL", "ACQUIRED", "RENEWED", "SOURCE", "MESSAGE"]
+    assert wide.stdout.splitlines()[1].split()[5:7] == ["<none>", "10m"]  # the --ttl 600 it was acquired with
+    assert runner.invoke(app, ["get", "lease", "-o", "name"], env=env_for(api)).stdout == "gpulease/lora-gpu-lease\n"
 
     renewed = runner.invoke(app, ["lease", "renew", "lora-gpu-lease", "-o", "json"], env=env_for(api))
     assert renewed.exit_code == 0, renewed.output
@@ -315,6 +508,10 @@ def test_lease_acquire_renew_release(api: FakeAdminApi) -> None:
     released = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
     assert released.exit_code == 0, released.output
     assert released.stdout.strip() == "gpulease/lora-gpu-lease released"
+    again = runner.invoke(app, ["lease", "acquire", "--group", "g", "--owner", "lora"], env=env_for(api))
+    assert again.exit_code == 0, again.output
+    deleted = runner.invoke(app, ["delete", "lease", "lora-gpu-lease"], env=env_for(api))  # kubectl's habit
+    assert deleted.exit_code == 0 and deleted.stdout == "gpulease/lora-gpu-lease deleted\n"
     gone = runner.invoke(app, ["lease", "release", "lora-gpu-lease"], env=env_for(api))
     assert gone.exit_code == 1
     assert "lease lora-gpu-lease not found" in gone.stderr

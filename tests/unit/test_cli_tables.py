@@ -8,16 +8,20 @@ import pytest
 
 from flexinfer_cli.tables import (
     Kind,
+    Selection,
     UnexpectedAnswer,
     format_seconds,
     group_row,
+    items_of,
     lease_row,
     model_row,
     parse_kind,
     queue_row,
     render_kind,
     render_table,
+    select,
     swap_row,
+    table_headers,
 )
 from flexinfer_common.admin_api import Group, Lease, QueueInfo, Swap
 from flexinfer_common.manifests import Model
@@ -56,17 +60,17 @@ def test_render_table_has_no_trailing_spaces() -> None:
                 lastActiveTime="2026-01-02T03:04:05Z",
                 sharedGroup={"state": "Active", "queuePosition": 0},
             ),
-            ["chat", "default", "homelab-gpu", "100", "Ready", "Active", "0", "2026-01-02T03:04:05Z"],
+            ["chat", "homelab-gpu", "100", "Ready", "Active", "0", "2026-01-02T03:04:05Z"],
             id="active-model",
         ),
         pytest.param(
             model(phase="Pending"),
-            ["chat", "default", "homelab-gpu", "100", "Pending", "<none>", "<none>", "<none>"],
+            ["chat", "homelab-gpu", "100", "Pending", "<none>", "<none>", "<none>"],
             id="missing-values-print-none",
         ),
         pytest.param(
             {"metadata": {"name": "solo", "namespace": "x"}, "spec": {}},
-            ["solo", "x", "<none>", "0", "<none>", "<none>", "<none>", "<none>"],
+            ["solo", "<none>", "0", "<none>", "<none>", "<none>", "<none>"],
             id="no-status-no-gpu",
         ),
     ],
@@ -132,17 +136,17 @@ def test_lease_row() -> None:
     [
         pytest.param(
             {"namespace": "default", "model": "chat", "queued": 3, "oldestWaitSeconds": 12.34},
-            ["default", "chat", "3", "12.3s"],
+            ["chat", "3", "12.3s"],
             id="seconds",
         ),
         pytest.param(
             {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitSeconds": 0.25},
-            ["default", "chat", "1", "250ms"],
+            ["chat", "1", "250ms"],
             id="milliseconds",
         ),
         pytest.param(
             {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": 0},
-            ["default", "idle", "0", "-"],
+            ["idle", "0", "-"],
             id="empty-queue",
         ),
     ],
@@ -211,21 +215,52 @@ def test_format_seconds(seconds: Any, text: str) -> None:
 
 
 def test_render_kind_models_header_and_empty() -> None:
-    text = render_kind(Kind.MODELS, {"items": [model(phase="Ready")]})
+    text = render_kind(Kind.MODELS, {"items": [model(phase="Ready")]}, all_namespaces=False)
     assert text is not None
-    assert text.splitlines()[0].split() == [
-        "NAME",
+    # The seed's custom columns, in its order.
+    assert text.splitlines()[0].split() == ["NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"]
+    everywhere = render_kind(Kind.MODELS, {"items": [model(phase="Ready")]}, all_namespaces=True, wide=True)
+    assert everywhere is not None
+    assert everywhere.splitlines()[0].split() == [
         "NAMESPACE",
+        "NAME",
         "SHARED",
         "PRIORITY",
         "PHASE",
         "STATE",
         "QUEUE",
         "LAST_ACTIVE",
+        "PREEMPTED_BY",
+        "SERVICE_LABELS",
+        "BACKEND",
+        "MESSAGE",
     ]
     assert render_kind(Kind.MODELS, {"items": []}) is None
     with pytest.raises(UnexpectedAnswer, match="swaps answer is not what this CLI expects"):
         render_kind(Kind.SWAPS, {"items": [{"group": 3}]})
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "names", "expected"),
+    [
+        pytest.param(Kind.MODELS, "default", (), ["default/a", "default/b"], id="one-namespace"),
+        pytest.param(Kind.MODELS, None, (), ["default/a", "default/b", "lab/a"], id="all-namespaces"),
+        pytest.param(Kind.MODELS, None, ("a",), ["default/a", "lab/a"], id="a-name-everywhere"),
+        pytest.param(Kind.MODELS, "lab", ("b",), [], id="name-not-in-namespace"),
+    ],
+)
+def test_select(kind: Kind, namespace: str | None, names: tuple[str, ...], expected: list[str]) -> None:
+    items = items_of(
+        kind, {"items": [model("a"), model("b"), {**model("a"), "metadata": {"name": "a", "namespace": "lab"}}]}
+    )
+    chosen = select(kind, items, Selection(namespace, names))
+    assert [f"{m.metadata.namespace}/{m.metadata.name}" for m in chosen] == expected
+
+
+def test_groups_and_leases_ignore_the_namespace() -> None:
+    groups = items_of(Kind.GROUPS, {"items": [{"name": "g", "policy": "v1alpha2", "state": "Idle"}]})
+    assert select(Kind.GROUPS, groups, Selection("lab")) == groups
+    assert table_headers(Kind.GROUPS, wide=False, all_namespaces=True)[0] == "NAME"
 
 
 @pytest.mark.parametrize(

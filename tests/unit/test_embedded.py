@@ -1,4 +1,4 @@
-"""Embedded NATS / PostgreSQL servers (flexinfer_common.embedded) and the test-server helpers."""
+"""Embedded NATS / PostgreSQL servers (flexinfer_cli.embedded) and the test-server helpers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import asyncpg
 import nats
 import pytest
 
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedServerError, free_port
+from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedServerError, free_port
 from tests.support.servers import (
     ENV_DATABASE_URL,
     ENV_NATS_URL,
@@ -161,7 +161,7 @@ _OWNER_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres
+    from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres
     pg = EmbeddedPostgres(Path(sys.argv[1]) / "pg", durable=False)
     pg.start()
     nats = EmbeddedNats(Path(sys.argv[1]) / "nats")

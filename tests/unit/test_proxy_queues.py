@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
 from flexinfer_common.messages import Demand, Route
@@ -334,3 +335,32 @@ async def test_activity_is_reported_at_most_once_per_interval() -> None:
     await settle()
     assert publisher.queued() == [0, 0]
     await demand.stop()
+
+
+def depth(key: ModelKey = KEY) -> float | None:
+    return REGISTRY.get_sample_value("flexinfer_proxy_queue_depth", {"namespace": key.namespace, "model": key.name})
+
+
+@pytest.mark.parametrize("waiting_when_removed", [True, False], ids=["with-waiters", "queue-empty"])
+async def test_a_removed_model_takes_its_queue_depth_series_along(rig: Rig, waiting_when_removed: bool) -> None:
+    served: list[str] = []
+    task = asyncio.create_task(rig.request(served, "a"))
+    await rig.publisher.until(lambda q: q == [1])
+    assert depth() == 1
+    if not waiting_when_removed:
+        rig.set_route(route(ready=True))
+        await task
+        assert depth() == 0  # the model still exists: 0 waiting is a value
+    rig.set_route(None)
+    if waiting_when_removed:
+        with pytest.raises(ProxyError):
+            await task
+    assert depth() is None
+    # The model comes back: its series does too, once something waits.
+    rig.set_route(route())
+    assert depth() is None
+    again = asyncio.create_task(rig.request(served, "b"))
+    await settle()
+    assert depth() == 1
+    rig.set_route(route(ready=True))
+    await again

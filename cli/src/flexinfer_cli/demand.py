@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 from flexinfer_cli.client import CliError
 from flexinfer_cli.config import ModelRef
@@ -25,24 +26,22 @@ def demand_message(ref: ModelRef, *, queued: int, source: str, now: datetime) ->
     return demand_subject(ref.namespace, ref.name), message
 
 
-async def publish_demand(url: str, ref: ModelRef, *, queued: int, source: str) -> str:
-    """Publish one Demand; return its subject. Raise a CliError saying what went wrong."""
+async def connect_nats(url: str, *, name: str = "flexinfer-cli") -> Any:
+    """A NATS connection for one CLI command (no reconnects), or NatsUnreachable saying what to do."""
     import nats
-    from nats.errors import NoRespondersError, NoServersError
+    from nats.errors import NoServersError
     from nats.errors import TimeoutError as NatsTimeoutError
-    from nats.js.errors import NoStreamResponseError
 
     errors: list[Exception] = []
 
     async def remember(exc: Exception) -> None:  # reported once, below, instead of logged per attempt
         errors.append(exc)
 
-    subject, message = demand_message(ref, queued=queued, source=source, now=datetime.now(UTC))
     try:
         async with asyncio.timeout(10):
-            nc = await nats.connect(
+            return await nats.connect(
                 servers=[part.strip() for part in url.split(",")],
-                name="flexinfer-cli",
+                name=name,
                 connect_timeout=2,
                 allow_reconnect=False,
                 # nats-py reads 0 as "retry forever"; 1 means one retry, then give up
@@ -63,6 +62,16 @@ async def publish_demand(url: str, ref: ModelRef, *, queued: int, source: str) -
             "`flexinfer up`, or point the CLI at its NATS with --nats-url / FLEXINFER_NATS_URL "
             "(`flexinfer up` prints it)."
         ) from None
+
+
+async def publish_demand(url: str, ref: ModelRef, *, queued: int, source: str) -> str:
+    """Publish one Demand; return its subject. Raise a CliError saying what went wrong."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import NoStreamResponseError
+
+    subject, message = demand_message(ref, queued=queued, source=source, now=datetime.now(UTC))
+    nc = await connect_nats(url)
     try:
         await nc.jetstream(timeout=5).publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": message_id(source)})
     except (NoStreamResponseError, NoRespondersError):

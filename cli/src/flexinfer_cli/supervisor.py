@@ -322,7 +322,7 @@ def _kill_group(pid: int) -> None:
 
 
 class EmbeddedServer(Protocol):
-    """What :class:`EmbeddedWatch` needs of ``flexinfer_common.embedded``'s servers."""
+    """What :class:`EmbeddedWatch` needs of ``flexinfer_cli.embedded``'s servers."""
 
     @property
     def pid(self) -> int | None: ...

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from flexinfer_cli.config import Service
+from flexinfer_cli.config import DEFAULT_NAMESPACE, Service
 from flexinfer_common.admin_api import (
     Group,
     GroupList,
@@ -102,16 +103,26 @@ def _time(value: datetime | None) -> str:
 
 
 def model_row(item: Model) -> Row:
+    """The seed's columns: NAME SHARED PRIORITY PHASE STATE QUEUE LAST_ACTIVE."""
     status = item.status
     return [
         cell(item.metadata.name),
-        cell(item.metadata.namespace),
         cell(item.spec.gpu.shared),
         cell(item.spec.gpu.priority),
         cell(status.phase.value if status else None),
         cell(status.shared_group.state.value if status and status.shared_group.state else None),
         cell(status.shared_group.queue_position if status else None),
         _time(status.last_active_time if status else None),
+    ]
+
+
+def model_wide(item: Model) -> Row:
+    status = item.status
+    return [
+        cell(status.preempted_by if status else None),
+        cell(",".join(item.spec.service_labels)),
+        cell(item.spec.backend),
+        cell(status.message if status else None),
     ]
 
 
@@ -128,13 +139,26 @@ def group_row(item: Group) -> Row:
     ]
 
 
+def group_wide(item: Group) -> Row:
+    return [
+        cell(",".join(f"{m.namespace}/{m.name}" for m in item.models)),
+        cell(item.lease.owner if item.lease else None),
+        _time(item.lease.expires_at if item.lease else None),
+    ]
+
+
 def lease_row(item: Lease) -> Row:
     return [cell(item.name), cell(item.group), cell(item.owner), cell(item.node), _time(item.expires_at)]
 
 
+def lease_wide(item: Lease) -> Row:
+    ttl = format_seconds(item.ttl_seconds) if item.ttl_seconds is not None else NONE
+    phase = item.phase.value if item.phase is not None else None
+    return [cell(phase), ttl, _time(item.acquired_at), _time(item.renew_time), cell(item.source), cell(item.message)]
+
+
 def queue_row(item: QueueInfo) -> Row:
     return [
-        cell(item.namespace),
         cell(item.model),
         cell(item.queued),
         "-" if not item.queued and not item.oldest_wait_seconds else format_seconds(item.oldest_wait_seconds),
@@ -160,42 +184,129 @@ def swap_row(item: Swap) -> Row:
     ]
 
 
+def swap_wide(item: Swap) -> Row:
+    return [cell(item.id), cell(item.phase), _time(item.finished_at), cell(item.message)]
+
+
+Item = Model | Group | Lease | QueueInfo | Swap
+
+
 @dataclass(frozen=True)
 class KindView:
+    """How one kind is listed, shown and named.
+
+    ``namespaced`` kinds are listed in one namespace (``-n``, default the CLI's) unless ``-A`` is given, which adds
+    a leading NAMESPACE column, as kubectl does. ``get_path``, when set, reads one object by name (otherwise the list
+    is filtered); ``delete_path`` deletes one (kinds without it cannot be deleted).
+    """
+
+    kind: Kind
+    singular: str
     service: Service
     path: str
     headers: tuple[str, ...]
     row: Callable[[Any], Row]
+    wide_headers: tuple[str, ...]
+    wide: Callable[[Any], Row]
     answer: type[ModelList | GroupList | LeaseList | QueueList | SwapList]  # the API's list body
+    item: type[Item]  # one object of it
+    namespaced: bool
+    name_of: Callable[[Any], str]
+    namespace_of: Callable[[Any], str] = lambda _: ""
+    get_path: Callable[[str, str], str] | None = None
+    delete_path: Callable[[str, str], str] | None = None
+    delete_service: Service | None = None
+
+    def key(self, item: Any) -> tuple[str, str]:
+        """The identity of an item (namespace, name): a watch tells a changed row from a new one by it."""
+        return (self.namespace_of(item) if self.namespaced else "", self.name_of(item))
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
 
 
 VIEWS: dict[Kind, KindView] = {
     Kind.MODELS: KindView(
-        Service.SCHEDULER,
-        "/api/v1/models",
-        ("NAME", "NAMESPACE", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"),
-        model_row,
-        ModelList,
+        kind=Kind.MODELS,
+        singular="model",
+        service=Service.SCHEDULER,
+        path="/api/v1/models",
+        headers=("NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"),
+        row=model_row,
+        wide_headers=("PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "MESSAGE"),
+        wide=model_wide,
+        answer=ModelList,
+        item=Model,
+        namespaced=True,
+        name_of=lambda item: item.metadata.name,
+        namespace_of=lambda item: item.metadata.namespace or DEFAULT_NAMESPACE,
+        get_path=lambda namespace, name: f"/api/v1/models/{_seg(namespace)}/{_seg(name)}",
+        delete_path=lambda namespace, name: f"/api/v1/models/{_seg(namespace)}/{_seg(name)}",
+        delete_service=Service.SCHEDULER,
     ),
     Kind.GROUPS: KindView(
-        Service.SCHEDULER,
-        "/api/v1/groups",
-        ("NAME", "POLICY", "ACTIVE", "STATE", "COOLDOWN", "LEASE"),
-        group_row,
-        GroupList,
+        kind=Kind.GROUPS,
+        singular="gpugroup",
+        service=Service.SCHEDULER,
+        path="/api/v1/groups",
+        headers=("NAME", "POLICY", "ACTIVE", "STATE", "COOLDOWN", "LEASE"),
+        row=group_row,
+        wide_headers=("MODELS", "LEASE_OWNER", "LEASE_EXPIRES"),
+        wide=group_wide,
+        answer=GroupList,
+        item=Group,
+        namespaced=False,
+        name_of=lambda item: item.name,
+        get_path=lambda _, name: f"/api/v1/groups/{_seg(name)}",
+        delete_path=lambda _, name: f"/api/v1/gpugroups/{_seg(name)}",
+        delete_service=Service.SCHEDULER,
     ),
     Kind.LEASES: KindView(
-        Service.LEASE_MANAGER, "/api/v1/leases", ("NAME", "GROUP", "OWNER", "NODE", "EXPIRES"), lease_row, LeaseList
+        kind=Kind.LEASES,
+        singular="gpulease",
+        service=Service.LEASE_MANAGER,
+        path="/api/v1/leases",
+        headers=("NAME", "GROUP", "OWNER", "NODE", "EXPIRES"),
+        row=lease_row,
+        wide_headers=("PHASE", "TTL", "ACQUIRED", "RENEWED", "SOURCE", "MESSAGE"),
+        wide=lease_wide,
+        answer=LeaseList,
+        item=Lease,
+        namespaced=False,
+        name_of=lambda item: item.name,
+        get_path=lambda _, name: f"/api/v1/leases/{_seg(name)}",
+        delete_path=lambda _, name: f"/api/v1/leases/{_seg(name)}",
+        delete_service=Service.LEASE_MANAGER,
     ),
     Kind.QUEUES: KindView(
-        Service.PROXY, "/api/v1/queues", ("NAMESPACE", "MODEL", "QUEUED", "OLDEST_WAIT"), queue_row, QueueList
+        kind=Kind.QUEUES,
+        singular="queue",
+        service=Service.PROXY,
+        path="/api/v1/queues",
+        headers=("MODEL", "QUEUED", "OLDEST_WAIT"),
+        row=queue_row,
+        wide_headers=(),
+        wide=lambda _: [],
+        answer=QueueList,
+        item=QueueInfo,
+        namespaced=True,
+        name_of=lambda item: item.model,
+        namespace_of=lambda item: item.namespace,
     ),
     Kind.SWAPS: KindView(
-        Service.SCHEDULER,
-        "/api/v1/swaps",
-        ("GROUP", "FROM", "TO", "REASON", "STARTED", "DURATION", "PHASES"),
-        swap_row,
-        SwapList,
+        kind=Kind.SWAPS,
+        singular="swap",
+        service=Service.SCHEDULER,
+        path="/api/v1/swaps",
+        headers=("GROUP", "FROM", "TO", "REASON", "STARTED", "DURATION", "PHASES"),
+        row=swap_row,
+        wide_headers=("ID", "PHASE", "FINISHED", "MESSAGE"),
+        wide=swap_wide,
+        answer=SwapList,
+        item=Swap,
+        namespaced=False,
+        name_of=lambda item: item.id or "",
     ),
 }
 
@@ -204,32 +315,94 @@ class UnexpectedAnswer(ValueError):
     """An API answer that is not the body the contract describes."""
 
 
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+
+
 def items_of(kind: Kind, payload: Any) -> list[Any]:
     """The typed items of an API list answer (``{"items": [...]}``); UnexpectedAnswer names what is wrong."""
     try:
         return list(VIEWS[kind].answer.model_validate(payload).items)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
-        raise UnexpectedAnswer(f"the {kind.value} answer is not what this CLI expects ({problems})") from None
+        raise UnexpectedAnswer(f"the {kind.value} answer is not what this CLI expects ({_problems(exc)})") from None
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, three spaces apart, like ``kubectl get`` (no trailing spaces)."""
+def item_of(kind: Kind, payload: Any) -> Any:
+    """One typed object of an API answer (``GET .../{name}``)."""
+    view = VIEWS[kind]
+    try:
+        return view.item.model_validate(payload)
+    except ValidationError as exc:
+        raise UnexpectedAnswer(f"the {view.singular} answer is not what this CLI expects ({_problems(exc)})") from None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which items a ``get`` shows: one namespace (None: every namespace) and, when given, only these names."""
+
+    namespace: str | None
+    names: tuple[str, ...] = ()
+
+    def keeps(self, view: KindView, item: Any) -> bool:
+        if view.namespaced and self.namespace is not None and view.namespace_of(item) != self.namespace:
+            return False
+        return not self.names or view.name_of(item) in self.names
+
+
+def select(kind: Kind, items: Sequence[Any], selection: Selection) -> list[Any]:
+    view = VIEWS[kind]
+    return [item for item in items if selection.keeps(view, item)]
+
+
+def table_headers(kind: Kind, *, wide: bool, all_namespaces: bool) -> tuple[str, ...]:
+    view = VIEWS[kind]
+    namespace = ("NAMESPACE",) if view.namespaced and all_namespaces else ()
+    return (*namespace, *view.headers, *(view.wide_headers if wide else ()))
+
+
+def table_row(kind: Kind, item: Any, *, wide: bool, all_namespaces: bool) -> Row:
+    view = VIEWS[kind]
+    namespace = [cell(view.namespace_of(item))] if view.namespaced and all_namespaces else []
+    return [*namespace, *view.row(item), *(view.wide(item) if wide else [])]
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     widths = [len(h) for h in headers]
     for row in rows:
         for index, value in enumerate(row):
             widths[index] = max(widths[index], len(value))
-    lines = []
-    for row in [list(headers), *rows]:
-        padded = [value.ljust(widths[index]) for index, value in enumerate(row)]
-        lines.append((" " * COLUMN_GAP).join(padded).rstrip())
-    return "\n".join(lines)
+    return widths
 
 
-def render_kind(kind: Kind, payload: Any) -> str | None:
-    """The table for an API answer; None when it lists nothing."""
-    view = VIEWS[kind]
-    rows = [view.row(item) for item in items_of(kind, payload)]
+def format_line(row: Sequence[str], widths: Sequence[int]) -> str:
+    """One table line: left-aligned cells, three spaces apart, no trailing spaces."""
+    padded = [value.ljust(widths[index]) if index < len(widths) else value for index, value in enumerate(row)]
+    return (" " * COLUMN_GAP).join(padded).rstrip()
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, three spaces apart, like ``kubectl get`` (no trailing spaces)."""
+    widths = column_widths(headers, rows)
+    return "\n".join(format_line(row, widths) for row in [list(headers), *rows])
+
+
+def render_kind(kind: Kind, payload: Any, *, wide: bool = False, all_namespaces: bool = True) -> str | None:
+    """The table for an API list answer; None when it lists nothing."""
+    rows = [table_row(kind, item, wide=wide, all_namespaces=all_namespaces) for item in items_of(kind, payload)]
     if not rows:
         return None
-    return render_table(view.headers, rows)
+    return render_table(table_headers(kind, wide=wide, all_namespaces=all_namespaces), rows)
+
+
+def object_name(kind: Kind, item: Any) -> str:
+    """``-o name``: ``model/default/chat``, ``gpugroup/homelab-gpu``, as ``flexinfer apply`` prints resources."""
+    view = VIEWS[kind]
+    if view.namespaced:
+        return f"{view.singular}/{view.namespace_of(item)}/{view.name_of(item)}"
+    return f"{view.singular}/{view.name_of(item)}"
+
+
+def dump(item: Any) -> dict[str, Any]:
+    """An item as the API wrote it (camelCase, no nulls): what ``-o json|yaml`` prints."""
+    dumped: dict[str, Any] = item.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return dumped

@@ -28,8 +28,8 @@ from typing import TextIO
 from flexinfer_cli.apply import ApiCall, PlanStep, execute_plan, plan_apply, read_manifests
 from flexinfer_cli.client import AdminClient, CliError
 from flexinfer_cli.config import DEFAULT_NATS_URL, Service, default_namespace, service_port, token_file
+from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from flexinfer_cli.supervisor import STOP_TIMEOUT, EmbeddedWatch, ServiceSpec, Supervisor
-from flexinfer_common.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from flexinfer_common.manifests import Resource
 from flexinfer_common.settings import ENV_PREFIX, CommonSettings, SettingsError, load_settings
 

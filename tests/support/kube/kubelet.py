@@ -40,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from flexinfer_common.embedded import _make_preexec
+from flexinfer_cli.embedded import _make_preexec
 from tests.support.kube.errors import ApiError
 from tests.support.kube.resources import ResourceType
 from tests.support.kube.store import Obj, Store, StoredEvent, format_time, parse_time

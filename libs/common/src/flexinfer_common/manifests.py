@@ -10,7 +10,6 @@ import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -259,7 +258,10 @@ def parse_resource(document: Any, *, where: str = "") -> Resource:
 
 
 def load_manifests(text: str, *, source: str = "<input>") -> list[Resource]:
-    """Parse a YAML stream (documents separated by ``---``); empty documents are skipped."""
+    """Parse a YAML stream (documents separated by ``---``); empty documents are skipped. Needs the ``yaml`` extra
+    (the CLI has it; the services take manifests as JSON and never load this)."""
+    import yaml
+
     try:
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:

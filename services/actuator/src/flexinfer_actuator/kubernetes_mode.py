@@ -16,6 +16,7 @@ from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
 from flexinfer_actuator.adapters.status_writer import StatusWriter
 from flexinfer_actuator.domain.processes import ProcessInfo
 from flexinfer_actuator.loop import Actuator, StatusPublisher
+from flexinfer_actuator.metrics import ACTUATOR_LEADER
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock
@@ -35,7 +36,6 @@ from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.kube.leader import act_while_leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ModelStatus, RuntimeSpec
-from flexinfer_common.metrics import ACTUATOR_LEADER
 
 log = get_logger("flexinfer.actuator.kubernetes")
 

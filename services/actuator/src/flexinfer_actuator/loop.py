@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from flexinfer_actuator.domain.commands import GenerationVerdict, should_apply
 from flexinfer_actuator.domain.processes import Observation
+from flexinfer_actuator.metrics import ACTUATOR_COMMANDS
 from flexinfer_actuator.ports import Scaler
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus, Consumer, Delivery, decode_json
@@ -23,7 +24,6 @@ from flexinfer_common.clock import Clock
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand, message_id
-from flexinfer_common.metrics import ACTUATOR_COMMANDS
 
 log = get_logger("flexinfer.actuator")
 

@@ -19,6 +19,7 @@ from flexinfer_actuator.adapters.local import LocalProcessScaler
 from flexinfer_actuator.api import build_app
 from flexinfer_actuator.kubernetes_mode import KubernetesMode
 from flexinfer_actuator.loop import Actuator, StatusPublisher
+from flexinfer_actuator.metrics import ACTUATOR_LEADER
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
@@ -83,6 +84,7 @@ async def _serve_local(
     await http.start()
     try:
         await actuator.start()
+        ACTUATOR_LEADER.set(1)  # the local back-end has no standby: this actuator always acts
         log.info(
             "actuator started",
             extra={"actuator": instance, "backend": scaler.backend, "port": http.port, "pid": os.getpid()},
@@ -90,6 +92,7 @@ async def _serve_local(
         await stop.wait()
         log.info("stopping: signal received")
     finally:
+        ACTUATOR_LEADER.set(0)
         await actuator.stop()
         await http.stop()
 

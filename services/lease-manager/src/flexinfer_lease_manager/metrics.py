@@ -15,6 +15,11 @@ GPU_LEASE_ACTIVE = Gauge(
 GPU_LEASE_ACQUIRED = Counter(
     "flexinfer_gpu_lease_acquired_total", "GPU lease acquisitions", ["group", "namespace", "owner"]
 )
+GPU_LEASE_EXPIRES = Gauge(
+    "flexinfer_gpu_lease_expires_timestamp_seconds",
+    "When a GPU lease that holds a group expires unless renewed (Unix time); the series goes with the lease",
+    ["group", "namespace", "owner"],
+)
 LEASE_MANAGER_ACTING = Gauge(
     "flexinfer_lease_manager_leader",
     "1 while this lease manager replica acts (expires leases, checks parking, syncs Kubernetes); always in local mode",
@@ -28,18 +33,22 @@ def lease_labels(lease: Lease) -> Labels:
 
 
 class ActiveLeases:
-    """``flexinfer_gpu_lease_active``: 1 for each lease that holds a group, the series removed once it ends."""
+    """``flexinfer_gpu_lease_active`` (1) and ``flexinfer_gpu_lease_expires_timestamp_seconds`` for each lease that
+    holds a group, the series removed once it ends. A lease still shown past its expiry is one the lease manager
+    did not end: the alert FlexInferLeaseHeldPastTTL."""
 
     def __init__(self) -> None:
         self._shown: set[Labels] = set()
 
     def show(self, leases: Iterable[Lease]) -> None:
-        wanted = {lease_labels(lease) for lease in leases}
-        for gone in self._shown - wanted:
+        wanted = {lease_labels(lease): lease for lease in leases}
+        for gone in self._shown - wanted.keys():
             GPU_LEASE_ACTIVE.remove(*gone)
-        for labels in wanted:
+            GPU_LEASE_EXPIRES.remove(*gone)
+        for labels, lease in wanted.items():
             GPU_LEASE_ACTIVE.labels(*labels).set(1)
-        self._shown = wanted
+            GPU_LEASE_EXPIRES.labels(*labels).set(lease.expires_at.timestamp())
+        self._shown = set(wanted)
 
     def clear(self) -> None:
         self.show(())

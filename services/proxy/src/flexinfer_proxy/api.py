@@ -35,7 +35,6 @@ import httptools
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
-from flexinfer_common.metrics import PROXY_COLD_STARTS
 from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
@@ -43,6 +42,7 @@ from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, a
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
 from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.metrics import PROXY_COLD_STARTS
 from flexinfer_proxy.queues import ModelQueues, Slot
 from flexinfer_proxy.tally import RequestTally, render_metrics
 
@@ -278,7 +278,7 @@ class ProxyHandler:
         request = exchange.request
         if error is None:
             if not exchange.client_left:
-                self._tally.count(exchange.key, exchange.status)
+                self._tally.count(exchange.key, exchange.status, request.arrived, exchange.head_at)
                 request.conn.finish(request)
         elif isinstance(error, NeverConnected):
             self._wait(
@@ -292,7 +292,7 @@ class ProxyHandler:
 
     def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
         if key is not None:
-            self._tally.count(key, error.status)
+            self._tally.count(key, error.status, request.arrived)
         request.conn.respond_error(request, error)
 
     def _endpoint(self, key: ModelKey, route: Route) -> Endpoint:
@@ -410,7 +410,7 @@ class ProxyHandler:
             raise
         if error is None:
             if not exchange.client_left:
-                self._tally.count(key, exchange.status)
+                self._tally.count(key, exchange.status, request.arrived, exchange.head_at)
                 request.conn.finish(request)
             return None
         if isinstance(error, NeverConnected):

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flexinfer_common.messages import Route
-from flexinfer_common.metrics import PROXY_QUEUE_DEPTH, PROXY_QUEUE_WAIT
 from flexinfer_proxy.adapters.demand import DemandSignaller
 from flexinfer_proxy.domain.admission import (
     QueueAction,
@@ -37,6 +36,7 @@ from flexinfer_proxy.domain.errors import (
 )
 from flexinfer_proxy.domain.queue import Waiter, WaitQueue
 from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_proxy.metrics import PROXY_QUEUE_DEPTH, PROXY_QUEUE_WAIT
 
 Slot = Waiter["asyncio.Future[Route]"]
 
@@ -65,6 +65,7 @@ class ModelQueues:
         self._timers: dict[ModelKey, asyncio.TimerHandle] = {}
         #: Bytes held by all waiting requests (their bodies), for the proxy's queued-bytes limit.
         self.held_bytes = 0
+        self._depth_shown: set[ModelKey] = set()  # models with a flexinfer_proxy_queue_depth series
 
     def length(self, key: ModelKey) -> int:
         queue = self._queues.get(key)
@@ -162,6 +163,8 @@ class ModelQueues:
         """
         queue = self._queues.get(key)
         if queue is None:
+            if self._route_of(key) is None:
+                self._forget_depth(key)
             return
         route = self._route_of(key)
         action = queue_action(route)
@@ -173,13 +176,14 @@ class ModelQueues:
             self._fail(key, error, [w for w in queue if fails_waiter(seen=w.seen_failure, route=route)])
         elif action is QueueAction.REMOVED:
             self._fail(key, model_removed(str(key)))
+            self._forget_depth(key)
         else:
             for waiter in queue:
                 waiter.seen_failure = None
 
     def routes_changed(self) -> None:
         """Re-check every queue (after the route snapshot was replaced)."""
-        for key in list(self._queues):
+        for key in [*self._queues, *(self._depth_shown - self._queues.keys())]:
             self.route_changed(key)
 
     def fail_all(self, error: ProxyError) -> None:
@@ -223,6 +227,13 @@ class ModelQueues:
                 waiter.payload.set_exception(error)
         self._changed(key, len(queue), joined=False)
 
+    def _forget_depth(self, key: ModelKey) -> None:
+        """The model is gone: its queue-depth series goes too (a dashboard shows no deleted model)."""
+        if key in self._depth_shown:
+            self._depth_shown.discard(key)
+            PROXY_QUEUE_DEPTH.remove(key.namespace, key.name)
+
     def _changed(self, key: ModelKey, queued: int, *, joined: bool) -> None:
         PROXY_QUEUE_DEPTH.labels(namespace=key.namespace, model=key.name).set(queued)
+        self._depth_shown.add(key)
         self._demand.queue_changed(key, queued, joined=joined)

@@ -43,18 +43,19 @@ from flexinfer_common.messages import (
     message_id,
     new_id,
 )
-from flexinfer_common.metrics import (
-    ELECTION_DURATION,
-    GROUP_ACTIVE_MODEL,
-    LEASE_READ_ERRORS,
-    SCHEDULER_LEADER,
-    SWAP_DURATION,
-    SWAPS,
-)
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.manifests import spec_facts, visible_group
 from flexinfer_scheduler.domain.model import Member, ModelKey
 from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
+from flexinfer_scheduler.metrics import (
+    ELECTION_DURATION,
+    LEASE_READ_ERRORS,
+    SCHEDULER_LEADER,
+    SWAP_DURATION,
+    SWAPS,
+    GroupGauges,
+    group_view,
+)
 from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore, Stoppable, World
 from flexinfer_scheduler.settings import SchedulerSettings
 from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
@@ -107,7 +108,7 @@ class Scheduler:
         self._routes: dict[ModelKey, tuple[Any, ...]] = {}
         self._statuses: dict[ModelKey, tuple[Any, ...]] = {}
         self._group_statuses: dict[str, tuple[Any, ...]] = {}
-        self._active_metric: dict[str, str] = {}
+        self._group_gauges = GroupGauges()
         self._consumers: list[Stoppable] = []
         self._last_prune = -float("inf")
 
@@ -209,6 +210,7 @@ class Scheduler:
             log.info("no longer leading")
         self.is_leader = False
         SCHEDULER_LEADER.set(0)
+        self._group_gauges.clear()
         for consumer in self._consumers:
             await consumer.stop()
         self._consumers = []
@@ -323,6 +325,10 @@ class Scheduler:
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
         await self.store.apply_plans(world, plans, now)
+        for group, plan in zip(world.groups, plans, strict=True):
+            self._group_gauges.show(plan.group, group_view(group, plan))
+        if groups is None:
+            self._group_gauges.retain(plan.group for plan in plans)
         await self._publish(plans, now)
         if groups is None:
             await self._forget_deleted({key for plan in plans for key in plan.members})
@@ -372,15 +378,6 @@ class Scheduler:
         for (group, fields, _), ok in zip(groups, published[len(statuses) :], strict=False):
             if ok:
                 self._group_statuses[group] = fields
-        for plan in plans:
-            active_name = plan.active.name if plan.active else ""
-            previous = self._active_metric.get(plan.group)
-            if previous != active_name:
-                if previous:
-                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=previous).set(0)
-                if active_name:
-                    GROUP_ACTIVE_MODEL.labels(group=plan.group, model=active_name).set(1)
-                self._active_metric[plan.group] = active_name
 
     def _swap_events(self, plan: GroupPlan, now: datetime) -> list[tuple[str, BaseModel, str | None]]:
         """The plan's swap events (and their metrics and log lines)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from time import monotonic
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
@@ -169,6 +170,7 @@ class Exchange:
         "conn",
         "done",
         "extra_headers",
+        "head_at",
         "headers",
         "key",
         "path",
@@ -213,6 +215,7 @@ class Exchange:
         self._out: list[bytes] = []
         self.conn: UpstreamConnection | None = None
         self.status = 0
+        self.head_at = 0.0  # when the model's answer head came (monotonic): the request's time to first byte
         self.close_after = False
         self.done = False
         self.client_left = False
@@ -304,6 +307,7 @@ class Exchange:
 
     def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
         self.status = status
+        self.head_at = monotonic()
         request = self.request
         close = self.server.will_close(request)
         dechunk = False

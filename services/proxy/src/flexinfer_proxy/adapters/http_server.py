@@ -20,6 +20,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable, Sequence
+from time import monotonic
 from typing import Protocol, cast
 
 import httptools
@@ -90,6 +91,7 @@ class Request:
 
     __slots__ = (
         "answering",
+        "arrived",
         "authorization",
         "body",
         "body_size",
@@ -114,6 +116,7 @@ class Request:
 
     def __init__(self, conn: ServerConnection) -> None:
         self.conn = conn
+        self.arrived = monotonic()  # its first bytes came (request timings count from here)
         self.method = b""
         self.url = b""
         self.version = "1.1"

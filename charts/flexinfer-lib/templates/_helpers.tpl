@@ -1,8 +1,6 @@
 {{/*
-Helpers shared by the four FlexInfer service charts (proxy, scheduler, actuator, lease-manager).
-This file is identical in all four (tests/unit/test_charts.py checks it): Helm shares named templates between
-a parent chart and its subcharts, so the umbrella chart works only while every copy says the same thing.
-What differs per service comes from values (component, port, ...).
+Helpers of the four FlexInfer service charts (proxy, scheduler, actuator, lease-manager), which depend on this
+library chart. What differs per service comes from its values (component, port, backend, ...).
 */}}
 
 {{- define "flexinfer.name" -}}
@@ -67,7 +65,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 
 {{/*
 Connection settings (nats, database, adminToken), each a dict of url/value, existingSecret, existingSecretKey:
-this chart's values when they name anything, else global.flexinfer's. Rendered as YAML; use with fromYaml.
+this chart's values when they name anything, else global.flexinfer's, else (nats, database) the servers the
+umbrella chart runs in the release when global.flexinfer.<key>.install is true (then "install" is true too).
+Rendered as YAML; use with fromYaml.
 */}}
 {{- define "flexinfer.connections" -}}
 {{- $g := include "flexinfer.global" . | fromYaml }}
@@ -79,11 +79,28 @@ this chart's values when they name anything, else global.flexinfer's. Rendered a
 {{- $_ := set $out $key $local }}
 {{- else if or $global.url $global.value $global.existingSecret $global.generatedSecret }}
 {{- $_ := set $out $key (merge (dict) $global (pick $local "existingSecretKey")) }}
+{{- else if and $global.install (eq $key "nats") }}
+{{- /* The umbrella chart runs NATS in this release (global.flexinfer.nats.install). */}}
+{{- $_ := set $out $key (dict "url" (printf "nats://%s-nats:4222" $.Release.Name) "install" true) }}
+{{- else if and $global.install (eq $key "database") }}
+{{- /* The umbrella chart runs PostgreSQL in this release and keeps its URL in this Secret. */}}
+{{- $_ := set $out $key (dict "existingSecret" (printf "%s-postgresql" $.Release.Name) "existingSecretKey" "database-url" "install" true) }}
 {{- else }}
 {{- $_ := set $out $key $local }}
 {{- end }}
 {{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/* Non-empty for the services that keep state in PostgreSQL; `database` in another chart's values is ignored. */}}
+{{- define "flexinfer.usesDatabase" -}}
+{{- if has .Values.component (list "scheduler" "lease-manager") }}true{{ end }}
+{{- end }}
+
+{{/* FLEXINFER_NATS_URL when no Secret holds it: the values' url, else nats://nats:4222. */}}
+{{- define "flexinfer.natsURL" -}}
+{{- $c := include "flexinfer.connections" . | fromYaml }}
+{{- $c.nats.url | default "nats://nats:4222" }}
 {{- end }}
 
 {{/* Non-empty when the chart's own Secret has something to hold. */}}
@@ -106,9 +123,9 @@ values given inline (the chart's own Secret, or the migration hook's).
       name: {{ $nats.existingSecret }}
       key: {{ $nats.existingSecretKey | default "nats-url" }}
 {{- else }}
-  value: {{ $nats.url | default "nats://nats:4222" | quote }}
+  value: {{ include "flexinfer.natsURL" $ | quote }}
 {{- end }}
-{{- if hasKey $.Values "database" }}
+{{- if include "flexinfer.usesDatabase" $ }}
 {{- $db := $c.database }}
 - name: FLEXINFER_DATABASE_URL
   valueFrom:
@@ -146,7 +163,7 @@ values given inline (the chart's own Secret, or the migration hook's).
 {{/* The data of a Secret holding the connection values given inline. */}}
 {{- define "flexinfer.secretData" -}}
 {{- $c := include "flexinfer.connections" . | fromYaml }}
-{{- if and (hasKey .Values "database") (not $c.database.existingSecret) }}
+{{- if and (include "flexinfer.usesDatabase" .) (not $c.database.existingSecret) }}
 database-url: {{ $c.database.url | default "postgresql://flexinfer@postgres:5432/flexinfer" | b64enc | quote }}
 {{- end }}
 {{- if $c.adminToken.existingSecret }}
@@ -157,4 +174,38 @@ admin-token: {{ $c.adminToken.value | toString | b64enc | quote }}
 {{- $old := lookup "v1" "Secret" .Release.Namespace (include "flexinfer.fullname" .) }}
 admin-token: {{ (and $old $old.data (index $old.data "admin-token")) | default (randAlphaNum 40 | b64enc) | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+Pod topology spread: topologySpreadConstraints when given; else, with topologySpread.enabled and more than one
+replica, one constraint per topologySpread.topologyKeys (nodes, then zones) that prefers spreading
+(ScheduleAnyway by default, so a one-node cluster still schedules every replica). matchLabelKeys keeps the pods of
+a rolling update's new ReplicaSet from counting against the old one's.
+*/}}
+{{- define "flexinfer.topologySpread" -}}
+{{- if .Values.topologySpreadConstraints }}
+{{- toYaml .Values.topologySpreadConstraints }}
+{{- else if and .Values.topologySpread.enabled (gt (int .Values.replicaCount) 1) }}
+{{- range .Values.topologySpread.topologyKeys }}
+- maxSkew: {{ $.Values.topologySpread.maxSkew }}
+  topologyKey: {{ . }}
+  whenUnsatisfiable: {{ $.Values.topologySpread.whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- include "flexinfer.selectorLabels" $ | nindent 6 }}
+  matchLabelKeys:
+    - pod-template-hash
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of the pods of this release's FlexInfer services (every chart of one umbrella release shares them). */}}
+{{- define "flexinfer.releasePeerLabels" -}}
+app.kubernetes.io/part-of: flexinfer
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The in-cluster URL of this chart's Service. */}}
+{{- define "flexinfer.serviceURL" -}}
+{{- printf "http://%s.%s.svc:%v" (include "flexinfer.fullname" .) .Release.Namespace (.Values.service.port | default .Values.port) }}
 {{- end }}

@@ -1,0 +1,105 @@
+"""The scheduler's metrics (CONTRACT section 5); no other service registers them.
+
+The per-group gauges describe the groups as the leader sees them, so only the leader shows them, and a group or a
+member that goes away takes its series along (:class:`GroupGauges`): a dashboard never shows a deleted model as
+the active one, and a standby never shows what it saw while it led.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from flexinfer_scheduler.domain.model import GroupSnapshot
+from flexinfer_scheduler.domain.plan import GroupPlan
+
+SWAPS = Counter("flexinfer_swaps_total", "Swaps started", ["group", "from_model", "to_model", "reason"])
+SWAP_DURATION = Histogram(
+    "flexinfer_swap_duration_seconds",
+    "Time spent in each swap phase",
+    ["group", "phase"],
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+ELECTION_DURATION = Histogram(
+    "flexinfer_election_duration_seconds",
+    "Time for one election pass over all groups",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+GROUP_ACTIVE_MODEL = Gauge(
+    "flexinfer_group_active_model",
+    "1 for the active model of a group, 0 for its other members (only on the leading scheduler)",
+    ["group", "model"],
+)
+GROUP_SWAP_STARTED = Gauge(
+    "flexinfer_group_swap_started_timestamp_seconds",
+    "When the swap a group is in started (Unix time); no series while the group is not swapping",
+    ["group"],
+)
+LEASE_READ_ERRORS = Counter("flexinfer_lease_read_errors_total", "Lease reads that failed (election failed open)")
+SCHEDULER_LEADER = Gauge("flexinfer_scheduler_leader", "1 while this scheduler replica leads (holds the lock)")
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """What the per-group gauges show of one group after a pass."""
+
+    members: frozenset[str]
+    active: str | None
+    swap_started: datetime | None
+
+
+def group_view(group: GroupSnapshot, plan: GroupPlan) -> GroupView:
+    """The gauges' view of a group after ``plan`` (made from the snapshot ``group``). Pure."""
+    started = None
+    if plan.swap_id is not None:
+        started = next((u.swap.started_at for u in plan.swap_updates if u.swap.id == plan.swap_id), None)
+        if started is None and group.swap is not None and group.swap.id == plan.swap_id:
+            started = group.swap.started_at
+    return GroupView(
+        members=frozenset(member.key.name for member in group.members),
+        active=plan.active.name if plan.active else None,
+        swap_started=started,
+    )
+
+
+class GroupGauges:
+    """``flexinfer_group_active_model`` and ``flexinfer_group_swap_started_timestamp_seconds``: set from each pass,
+    writing only what changed, and removing the series of members and groups that went away."""
+
+    def __init__(self) -> None:
+        self._shown: dict[str, GroupView] = {}
+
+    def show(self, group: str, view: GroupView) -> None:
+        before = self._shown.get(group)
+        if before == view:
+            return
+        old_members = before.members if before else frozenset()
+        for gone in old_members - view.members:
+            GROUP_ACTIVE_MODEL.remove(group, gone)
+        for member in view.members:
+            GROUP_ACTIVE_MODEL.labels(group=group, model=member).set(1 if member == view.active else 0)
+        if view.swap_started is not None:
+            GROUP_SWAP_STARTED.labels(group=group).set(view.swap_started.timestamp())
+        elif before is not None and before.swap_started is not None:
+            GROUP_SWAP_STARTED.remove(group)
+        self._shown[group] = view
+
+    def retain(self, groups: Iterable[str]) -> None:
+        """Remove the series of every group not in ``groups`` (the groups that exist after a full pass)."""
+        keep = set(groups)
+        for group in [g for g in self._shown if g not in keep]:
+            self._forget(group)
+
+    def clear(self) -> None:
+        """Remove every series (this replica no longer leads)."""
+        self.retain(())
+
+    def _forget(self, group: str) -> None:
+        view = self._shown.pop(group)
+        for member in view.members:
+            GROUP_ACTIVE_MODEL.remove(group, member)
+        if view.swap_started is not None:
+            GROUP_SWAP_STARTED.remove(group)

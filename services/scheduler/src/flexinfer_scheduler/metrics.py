@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from flexinfer_scheduler.domain.model import GroupSnapshot
@@ -41,6 +41,31 @@ class SeriesCounter:
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)
+        for labels, value in list(self._values.items()):
+            family.add_metric(labels, value)
+        yield family
+
+
+class SeriesGauge:
+    """A gauge with labels, kept as plain numbers and exposed when scraped (as :class:`SeriesCounter`: a first pass
+    over 10,000 models sets one series per model)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self._labelnames = name, documentation, labelnames
+        self._values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def set(self, value: float, *labels: str) -> None:
+        self._values[labels] = value
+
+    def remove(self, *labels: str) -> None:
+        self._values.pop(labels, None)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)
         for labels, value in list(self._values.items()):
             family.add_metric(labels, value)
         yield family
@@ -99,15 +124,17 @@ ELECTION_DURATION = Histogram(
     "Time for one election pass over all groups",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-GROUP_ACTIVE_MODEL = Gauge(
+GROUP_ACTIVE_MODEL = SeriesGauge(
     "flexinfer_group_active_model",
     "1 for the active model of a group, 0 for its other members (only on the leading scheduler)",
-    ["group", "model"],
+    ("group", "model"),
+    registry=REGISTRY,
 )
-GROUP_SWAP_STARTED = Gauge(
+GROUP_SWAP_STARTED = SeriesGauge(
     "flexinfer_group_swap_started_timestamp_seconds",
     "When the swap a group is in started (Unix time); no series while the group is not swapping",
-    ["group"],
+    ("group",),
+    registry=REGISTRY,
 )
 LEASE_READ_ERRORS = Counter("flexinfer_lease_read_errors_total", "Lease reads that failed (election failed open)")
 SCHEDULER_LEADER = Gauge("flexinfer_scheduler_leader", "1 while this scheduler replica leads (holds the lock)")
@@ -151,9 +178,9 @@ class GroupGauges:
         for gone in old_members - view.members:
             GROUP_ACTIVE_MODEL.remove(group, gone)
         for member in view.members:
-            GROUP_ACTIVE_MODEL.labels(group=group, model=member).set(1 if member == view.active else 0)
+            GROUP_ACTIVE_MODEL.set(1 if member == view.active else 0, group, member)
         if view.swap_started is not None:
-            GROUP_SWAP_STARTED.labels(group=group).set(view.swap_started.timestamp())
+            GROUP_SWAP_STARTED.set(view.swap_started.timestamp(), group)
         elif before is not None and before.swap_started is not None:
             GROUP_SWAP_STARTED.remove(group)
         self._shown[group] = view

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -25,8 +25,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql.elements import TextClause
 
@@ -237,7 +238,7 @@ def _update_models_from_arrays(columns: tuple[str, ...]) -> TextClause:
     An executemany of single-row UPDATEs was executed row by row by the server (10,000 of them were a second of a
     first pass); the arrays are one statement and one plan. Column names come from the table, never from input."""
     table = cast(Table, ModelRow.__table__)
-    dialect = postgresql.dialect()
+    dialect = cast(Callable[[], Dialect], PGDialect)()  # SQLAlchemy's dialect class is not annotated
     keys = ("b_namespace", "b_name")
     types = {"b_namespace": table.c.namespace.type, "b_name": table.c.name.type} | {c: table.c[c].type for c in columns}
     arrays = ", ".join(f"CAST(:{c} AS {types[c].compile(dialect=dialect)}[])" for c in (*keys, *columns))
@@ -437,13 +438,13 @@ class Store:
             await _upsert(session, GroupRow, "name", group_values)
             conn = await session.connection()
             for columns, rows in model_values.items():
-                changed = tuple(c for c in columns if not c.startswith("b_"))
+                shape = tuple(c for c in columns if not c.startswith("b_"))
                 await conn.execute(
-                    _update_models_from_arrays(changed),
+                    _update_models_from_arrays(shape),
                     {
                         "b_namespace": [r["b_namespace"] for r in rows],
                         "b_name": [r["b_name"] for r in rows],
-                        **{c: [r[c] for r in rows] for c in changed},
+                        **{c: [r[c] for r in rows] for c in shape},
                     },
                 )
             await _upsert(session, SwapRow, "id", swap_values)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -25,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -205,23 +206,6 @@ def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
     )
 
 
-async def _upsert(
-    session: AsyncSession, row_type: type[GroupRow] | type[SwapRow], key: str, rows: list[dict[str, Any]]
-) -> None:
-    """INSERT ... ON CONFLICT (key) DO UPDATE for many rows of the same columns.
-
-    On the Core table, not the ORM class: the ORM's bulk path ran one statement per row (1,000 groups' and 1,000
-    swaps' rows were about a second of a pass where every group swaps); Core sends them as multi-row VALUES."""
-    if not rows:
-        return
-    stmt = insert(cast(Table, row_type.__table__))
-    conn = await session.connection()
-    await conn.execute(
-        stmt.on_conflict_do_update(index_elements=[key], set_={c: stmt.excluded[c] for c in rows[0] if c != key}),
-        rows,
-    )
-
-
 @contextlib.asynccontextmanager
 async def _autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
     """A session whose statements each commit on their own (no BEGIN, COMMIT or ROLLBACK round trips): for a
@@ -231,22 +215,68 @@ async def _autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterat
         yield session
 
 
-@functools.cache
-def _update_models_from_arrays(columns: tuple[str, ...]) -> TextClause:
-    """``UPDATE models ... FROM unnest(<one array per column>)``: many rows' ``columns`` in one statement, by key.
+_GROUP_WRITE = ("name", "active_namespace", "active_name", "leader_since", "current_swap_id", "updated_at")
+_SWAP_WRITE = (
+    "id",
+    "group_name",
+    "from_namespace",
+    "from_name",
+    "to_namespace",
+    "to_name",
+    "reason",
+    "phase",
+    "started_at",
+    "phase_started_at",
+    "phases",
+    "finished_at",
+    "message",
+)
 
-    An executemany of single-row UPDATEs was executed row by row by the server (10,000 of them were a second of a
-    first pass); the arrays are one statement and one plan. Column names come from the table, never from input."""
-    table = cast(Table, ModelRow.__table__)
+
+def _arrays(table: Table, prefix: str, columns: Sequence[str], names: Sequence[str] | None = None) -> str:
+    """``unnest(CAST(:<prefix><column> AS <type>[]), ...) AS v(<names>)``: one array parameter per column (JSONB as
+    text, cast where it is used: asyncpg has no codec for jsonb[])."""
     dialect = cast(Callable[[], Dialect], PGDialect)()  # SQLAlchemy's dialect class is not annotated
-    keys = ("b_namespace", "b_name")
-    types = {"b_namespace": table.c.namespace.type, "b_name": table.c.name.type} | {c: table.c[c].type for c in columns}
-    arrays = ", ".join(f"CAST(:{c} AS {types[c].compile(dialect=dialect)}[])" for c in (*keys, *columns))
-    return text(
-        f"UPDATE models AS m SET {', '.join(f'{c} = v.{c}' for c in columns)} "
-        f"FROM unnest({arrays}) AS v({', '.join((*keys, *columns))}) "
-        "WHERE m.namespace = v.b_namespace AND m.name = v.b_name"
-    )
+    arrays = []
+    for column in columns:
+        sql_type = table.c[column].type
+        type_name = "TEXT" if isinstance(sql_type, JSONB) else sql_type.compile(dialect=dialect)
+        arrays.append(f"CAST(:{prefix}{column} AS {type_name}[])")
+    return f"unnest({', '.join(arrays)}) AS v({', '.join(names or columns)})"
+
+
+@functools.lru_cache(maxsize=256)
+def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], ...]) -> TextClause:
+    """A pass's writes as one statement (data-modifying CTEs, so atomic without BEGIN and COMMIT round trips):
+    upsert the groups' rows and the swaps' rows, and update each shape of changed model columns by key, all from
+    arrays. Replaced one executemany per table and shape, which the server ran row by row (10,000 single-row
+    UPDATEs were a second of a first pass) and which cost six round trips on the way from a demand to its command.
+    Column names come from the tables, never from input; the rows of two shapes are distinct models."""
+    parts = []
+    if groups:
+        table = cast(Table, GroupRow.__table__)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _GROUP_WRITE if c != "name")
+        parts.append(
+            f"g AS (INSERT INTO groups ({', '.join(_GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', _GROUP_WRITE)} "
+            f"ON CONFLICT (name) DO UPDATE SET {updates})"
+        )
+    if swaps:
+        table = cast(Table, SwapRow.__table__)
+        selected = ", ".join("CAST(v.phases AS JSONB)" if c == "phases" else f"v.{c}" for c in _SWAP_WRITE)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _SWAP_WRITE if c != "id")
+        parts.append(
+            f"s AS (INSERT INTO swaps ({', '.join(_SWAP_WRITE)}) SELECT {selected} FROM "
+            f"{_arrays(table, 's_', _SWAP_WRITE)} ON CONFLICT (id) DO UPDATE SET {updates})"
+        )
+    table = cast(Table, ModelRow.__table__)
+    for index, shape in enumerate(shapes):
+        keys = ("namespace", "name")
+        arrays = _arrays(table, f"m{index}_", (*keys, *shape), names=("b_namespace", "b_name", *shape))
+        parts.append(
+            f"m{index} AS (UPDATE models AS m SET {', '.join(f'{c} = v.{c}' for c in shape)} FROM {arrays} "
+            "WHERE m.namespace = v.b_namespace AND m.name = v.b_name)"
+        )
+    return text(f"WITH {', '.join(parts)} SELECT 1")
 
 
 class Store:
@@ -386,9 +416,7 @@ class Store:
 
     # ---- applying a plan ---------------------------------------------------------------------------------
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
-        """Write what the plans changed, and only that, in one transaction (a quiet system writes nothing).
-
-        Rows are written in bulk (one executemany per statement shape)."""
+        """Write what the plans changed, and only that, in one statement (a quiet system writes nothing)."""
         group_values: list[dict[str, Any]] = []
         model_values: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         swap_values: list[dict[str, Any]] = []
@@ -434,20 +462,22 @@ class Store:
                 )
         if not (group_values or model_values or swap_values):
             return
-        async with self.sessions.begin() as session:
-            await _upsert(session, GroupRow, "name", group_values)
-            conn = await session.connection()
-            for columns, rows in model_values.items():
-                shape = tuple(c for c in columns if not c.startswith("b_"))
-                await conn.execute(
-                    _update_models_from_arrays(shape),
-                    {
-                        "b_namespace": [r["b_namespace"] for r in rows],
-                        "b_name": [r["b_name"] for r in rows],
-                        **{c: [r[c] for r in rows] for c in shape},
-                    },
-                )
-            await _upsert(session, SwapRow, "id", swap_values)
+        params: dict[str, list[Any]] = {}
+        if group_values:
+            params.update((f"g_{c}", [v[c] for v in group_values]) for c in _GROUP_WRITE)
+        if swap_values:
+            for value in swap_values:
+                value["phases"] = json.dumps(value["phases"])
+            params.update((f"s_{c}", [v[c] for v in swap_values]) for c in _SWAP_WRITE)
+        shapes = []
+        for index, (columns, rows) in enumerate(sorted(model_values.items())):  # the same shapes, the same SQL
+            shape = tuple(c for c in columns if not c.startswith("b_"))
+            shapes.append(shape)
+            params[f"m{index}_namespace"] = [r["b_namespace"] for r in rows]
+            params[f"m{index}_name"] = [r["b_name"] for r in rows]
+            params.update((f"m{index}_{c}", [r[c] for r in rows]) for c in shape)
+        async with _autocommit(self.sessions) as session:  # one statement
+            await session.execute(_apply_statement(bool(group_values), bool(swap_values), tuple(shapes)), params)
         self._known_groups.update(v["name"] for v in group_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------

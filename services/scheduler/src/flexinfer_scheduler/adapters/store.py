@@ -4,6 +4,7 @@ record demand and actuator reports, and keep the admin API's manifests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -16,10 +17,10 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    bindparam,
     delete,
     exists,
     func,
-    literal,
     select,
     text,
     tuple_,
@@ -29,7 +30,9 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import TextClause
 
 from flexinfer_common.db import (
@@ -107,15 +110,43 @@ MEMBER_COLUMNS = frozenset(
 )
 
 
-def _recent_sum(
-    table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, *, since: datetime
-) -> Any:
-    """The sum of ``amount`` over the model's rows of ``table`` (one per source) reported since ``since``."""
+def _recent_sum(table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, *, since: str) -> Any:
+    """The sum of ``amount`` over the model's rows of ``table`` (one per source) reported since the parameter
+    ``since``."""
     return (
         select(func.coalesce(func.sum(amount), 0))
-        .where(table.namespace == models.c.namespace, table.name == models.c.name, table.time >= since)
+        .where(
+            table.namespace == models.c.namespace,
+            table.name == models.c.name,
+            table.time >= bindparam(since, type_=DateTime(timezone=True)),
+        )
         .scalar_subquery()
     )
+
+
+@functools.cache
+def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
+    """load_world's queries, built once (building them anew was a millisecond of every pass): the models with
+    their demand and in-flight sums (parameters ``demand_since``, ``in_flight_since``), and the groups with their
+    running swap; ``by_name``: only the groups of the parameter ``names``."""
+    models = cast(Table, ModelRow.__table__)
+    queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, since="demand_since")
+    in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, since="in_flight_since")
+    model_query = select(
+        *(c for c in models.c if c.name in MEMBER_COLUMNS),
+        queued.label("queued_sum"),
+        in_flight.label("in_flight_sum"),
+    )
+    # The running swap by the group's own pointer (a primary-key lookup), not by scanning the swaps' history for
+    # an active phase: the history grows with every swap, and on fresh statistics the planner joined it in a
+    # nested loop (1,000 rows per group, 5 ms of every 25-group slice of the reconcile at 1,000 groups).
+    group_query = select(*_GROUP_COLUMNS, *_SWAP_COLUMNS).outerjoin_from(
+        GroupRow, SwapRow, (SwapRow.id == GroupRow.current_swap_id) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
+    )
+    if by_name:
+        model_query = model_query.where(models.c.group_name.in_(bindparam("names", expanding=True)))
+        group_query = group_query.where(GroupRow.name.in_(bindparam("names", expanding=True)))
+    return model_query, group_query
 
 
 def cast_text(column: Any) -> Any:
@@ -207,12 +238,12 @@ def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
 
 
 @contextlib.asynccontextmanager
-async def _autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    """A session whose statements each commit on their own (no BEGIN, COMMIT or ROLLBACK round trips): for a
+async def _autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncConnection]:
+    """A connection whose statements each commit on their own (no BEGIN, COMMIT or ROLLBACK round trips), used
+    through Core (a session's ORM execution path costs more than these plain statements take): for a
     read (in READ COMMITTED each statement sees its own snapshot anyway) or a write that is one statement."""
     async with sessions() as session:
-        await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        yield session
+        yield await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
 
 
 _GROUP_WRITE = ("name", "active_namespace", "active_name", "leader_since", "current_swap_id", "updated_at")
@@ -279,6 +310,70 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
     return text(f"WITH {', '.join(parts)} SELECT 1")
 
 
+@functools.cache
+def _record_demand_statement() -> Select[tuple[str | None]]:
+    """record_demand's statement, built once (building it was most of a demand's cost in Python). The parameters
+    are named ``p_*``: an UPDATE takes a parameter named like a column as a value to SET."""
+    when = bindparam("p_when", type_=DateTime(timezone=True))
+    fresh = (
+        insert(ProcessedMessageRow)
+        .values(message_id=bindparam("p_message_id"))
+        .on_conflict_do_nothing()
+        .returning(ProcessedMessageRow.message_id)
+        .cte("fresh")
+    )
+    touched = (
+        update(ModelRow)
+        .where(
+            ModelRow.namespace == bindparam("p_namespace"),
+            ModelRow.name == bindparam("p_name"),
+            exists(select(fresh.c.message_id)),
+        )
+        .values(last_active_time=func.greatest(func.coalesce(ModelRow.last_active_time, when), when))
+        .returning(ModelRow.namespace, ModelRow.name, ModelRow.group_name)
+        .cte("touched")
+    )
+    signal = insert(DemandSignalRow).from_select(
+        ["namespace", "name", "source", "queued", "time"],
+        select(
+            touched.c.namespace,
+            touched.c.name,
+            bindparam("p_source", type_=Text),
+            bindparam("p_queued", type_=Integer),
+            when,
+        ),
+    )
+    upsert = signal.on_conflict_do_update(
+        index_elements=[DemandSignalRow.namespace, DemandSignalRow.name, DemandSignalRow.source],
+        set_={"queued": signal.excluded.queued, "time": signal.excluded.time},
+        where=DemandSignalRow.time <= signal.excluded.time,
+    ).cte("signal")
+    return select(touched.c.group_name).add_cte(upsert)
+
+
+@functools.cache
+def _record_runtime_statement() -> ReturningUpdate[tuple[str | None]]:
+    """record_runtime's statement, built once (parameters ``p_*``, as in :func:`_record_demand_statement`)."""
+    generation = bindparam("p_generation", type_=Integer)
+    return (
+        update(ModelRow)
+        .where(
+            ModelRow.namespace == bindparam("p_namespace"),
+            ModelRow.name == bindparam("p_name"),
+            ModelRow.runtime_generation <= generation,
+            ModelRow.command_generation >= generation,
+        )
+        .values(
+            runtime_phase=bindparam("p_phase"),
+            runtime_generation=generation,
+            runtime_updated_at=bindparam("p_when"),
+            endpoint=bindparam("p_endpoint"),
+            runtime_message=bindparam("p_message"),
+        )
+        .returning(ModelRow.group_name)
+    )
+
+
 class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
@@ -295,7 +390,7 @@ class Store:
             raise LookupError(f"spec of {row.namespace}/{row.name} generation {row.spec_generation} not loaded")
         return cached[1]
 
-    async def _load_specs(self, session: AsyncSession, rows: Sequence[Any], groups: list[str] | None) -> None:
+    async def _load_specs(self, session: AsyncConnection, rows: Sequence[Any], groups: list[str] | None) -> None:
         """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read
         on every pass: at 10,000 models decoding it was a fifth of a pass). Read as JSON text, parsed by pydantic
         directly; many at once (a first pass) in one query over the same groups, a few by key."""
@@ -333,40 +428,43 @@ class Store:
 
         Plain column queries, not ORM objects: building 10,000 ORM rows was most of a full pass.
         """
-        models = cast(Table, ModelRow.__table__)
-        # One query for the models with their demand and in-flight sums, one for the groups with their running
-        # swap, one for the leases: every round trip counts on the way from a demand to a command.
-        queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, since=now - demand_window)
-        in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, since=now - in_flight_ttl)
-        model_query = select(
-            *(c for c in models.c if c.name in MEMBER_COLUMNS),
-            queued.label("queued_sum"),
-            in_flight.label("in_flight_sum"),
-        )
-        # The running swap by the group's own pointer (a primary-key lookup), not by scanning the swaps' history for
-        # an active phase: the history grows with every swap, and on fresh statistics the planner joined it in a
-        # nested loop (1,000 rows per group, 5 ms of every 25-group slice of the reconcile at 1,000 groups).
-        group_query = select(*_GROUP_COLUMNS, *_SWAP_COLUMNS).outerjoin_from(
-            GroupRow, SwapRow, (SwapRow.id == GroupRow.current_swap_id) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
-        )
+        model_query, group_query = _world_queries(groups_only is not None)
+        model_params: dict[str, Any] = {"demand_since": now - demand_window, "in_flight_since": now - in_flight_ttl}
+        group_params: dict[str, Any] = {}
         if groups_only is not None:
-            names = sorted(groups_only)
-            model_query = model_query.where(models.c.group_name.in_(names))
-            group_query = group_query.where(GroupRow.name.in_(names))
-        leases_ok = True
-        async with _autocommit(self.sessions) as session:
-            rows = list((await session.execute(model_query)).all())
-            await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
-            groups: dict[str, Any] = {}
-            swaps: dict[str, Any] = {}
-            for row in (await session.execute(group_query)).all():  # a group's columns and its swap's: no name twice
-                groups[row.name] = row
-                if row.id is not None:
-                    swaps[row.name] = row
-            try:  # last in the session: a failure here spoils nothing else
-                leases = await self._leases(session, now)
+            model_params["names"] = group_params["names"] = sorted(groups_only)
+
+        # The three reads at once, each on a connection of its own: a pass waits for one round trip instead of
+        # three (each statement sees its own snapshot either way, as in READ COMMITTED).
+        async def read_models() -> list[Any]:
+            async with _autocommit(self.sessions) as session:
+                rows = list((await session.execute(model_query, model_params)).all())
+                await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
+                return rows
+
+        async def read_groups() -> list[Any]:
+            async with _autocommit(self.sessions) as session:
+                return list((await session.execute(group_query, group_params)).all())
+
+        async def read_leases() -> dict[str, Lease] | None:
+            try:
+                async with _autocommit(self.sessions) as session:
+                    return await self._leases(session, now)
             except Exception:
-                leases, leases_ok = {}, False
+                return None  # fail open: no leases
+
+        results = await asyncio.gather(read_models(), read_groups(), read_leases(), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # (the database is gone, most likely: the others failed alike)
+        rows, group_rows, read = cast(tuple[list[Any], list[Any], dict[str, Lease] | None], tuple(results))
+        leases, leases_ok = (read, True) if read is not None else ({}, False)
+        groups: dict[str, Any] = {}
+        swaps: dict[str, Any] = {}
+        for row in group_rows:  # a group's columns and its swap's: no name twice
+            groups[row.name] = row
+            if row.id is not None:
+                swaps[row.name] = row
         by_group: dict[str, list[Member]] = {}
         statuses: dict[ModelKey, StoredStatus] = {}
         cache = self._members
@@ -410,8 +508,9 @@ class Store:
             return await self._leases(session, now)
 
     @staticmethod
-    async def _leases(session: AsyncSession, now: datetime) -> dict[str, Lease]:
-        rows = (await session.scalars(select(LeaseRow).where(LeaseRow.expires_at > now))).all()
+    async def _leases(session: AsyncSession | AsyncConnection, now: datetime) -> dict[str, Lease]:
+        columns = (LeaseRow.name, LeaseRow.group_name, LeaseRow.owner, LeaseRow.expires_at, LeaseRow.acquired_at)
+        rows = (await session.execute(select(*columns).where(LeaseRow.expires_at > now))).all()
         return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at, r.acquired_at) for r in rows}
 
     # ---- applying a plan ---------------------------------------------------------------------------------
@@ -489,37 +588,18 @@ class Store:
 
         One statement (the message id, the model and the signal as data-modifying CTEs): it is on the way from
         every demand to its command, where each round trip to Postgres counts."""
-        fresh = (
-            insert(ProcessedMessageRow)
-            .values(message_id=message_id)
-            .on_conflict_do_nothing()
-            .returning(ProcessedMessageRow.message_id)
-            .cte("fresh")
-        )
-        touched = (
-            update(ModelRow)
-            .where(ModelRow.namespace == namespace, ModelRow.name == name, exists(select(fresh.c.message_id)))
-            .values(last_active_time=func.greatest(func.coalesce(ModelRow.last_active_time, when), when))
-            .returning(ModelRow.namespace, ModelRow.name, ModelRow.group_name)
-            .cte("touched")
-        )
-        signal = insert(DemandSignalRow).from_select(
-            ["namespace", "name", "source", "queued", "time"],
-            select(
-                touched.c.namespace,
-                touched.c.name,
-                literal(source, Text),
-                literal(queued, Integer),
-                literal(when, DateTime(timezone=True)),
-            ),
-        )
-        upsert = signal.on_conflict_do_update(
-            index_elements=[DemandSignalRow.namespace, DemandSignalRow.name, DemandSignalRow.source],
-            set_={"queued": signal.excluded.queued, "time": signal.excluded.time},
-            where=DemandSignalRow.time <= signal.excluded.time,
-        ).cte("signal")
-        async with _autocommit(self.sessions) as session:
-            group: str | None = await session.scalar(select(touched.c.group_name).add_cte(upsert))
+        async with _autocommit(self.sessions) as conn:
+            group: str | None = await conn.scalar(
+                _record_demand_statement(),
+                {
+                    "p_message_id": message_id,
+                    "p_namespace": namespace,
+                    "p_name": name,
+                    "p_source": source,
+                    "p_queued": queued,
+                    "p_when": when,
+                },
+            )
             return group
 
     async def record_runtime(
@@ -535,24 +615,18 @@ class Store:
     ) -> str | None:
         """Store an actuator report unless it answers an older command than the last one seen. Returns the
         model's group when stored."""
-        async with _autocommit(self.sessions) as session:  # one statement
-            values: dict[str, Any] = {
-                "runtime_phase": phase,
-                "runtime_generation": generation,
-                "runtime_updated_at": when,
-                "endpoint": endpoint,
-            }
-            values["runtime_message"] = message
-            group: str | None = await session.scalar(
-                update(ModelRow)
-                .where(
-                    ModelRow.namespace == namespace,
-                    ModelRow.name == name,
-                    ModelRow.runtime_generation <= generation,
-                    ModelRow.command_generation >= generation,
-                )
-                .values(**values)
-                .returning(ModelRow.group_name)
+        async with _autocommit(self.sessions) as conn:  # one statement
+            group: str | None = await conn.scalar(
+                _record_runtime_statement(),
+                {
+                    "p_namespace": namespace,
+                    "p_name": name,
+                    "p_generation": generation,
+                    "p_phase": phase,
+                    "p_when": when,
+                    "p_endpoint": endpoint,
+                    "p_message": message,
+                },
             )
             return group
 

@@ -81,6 +81,51 @@ _STOP_TIMEOUT = 5.0
 ACK_WAIT = 10.0
 
 
+#: How many of ``publish_many``'s messages may wait for their ack at once (nats-py's ``publish_async`` allows 4,000).
+MAX_ACKS_PENDING = 4000
+
+
+class _Acks:
+    """The acks of one ``publish_many`` call: ``results[i]`` is True (stored), False (refused) or None (no answer
+    yet), from the replies to ``<inbox>.<i>``."""
+
+    def __init__(self, total: int) -> None:
+        self.results: list[bool | None] = [None] * total
+        self.sent = 0
+        self.received = 0
+        self._progress = asyncio.Event()
+
+    def waiting(self) -> int:
+        return self.sent - self.received
+
+    async def on_reply(self, msg: Msg) -> None:
+        token = msg.subject.rpartition(".")[2]
+        index = int(token) if token.isdigit() else -1
+        if not 0 <= index < len(self.results) or self.results[index] is not None:
+            return  # not one of ours, or a repeated reply
+        self.results[index] = _stored(msg.data)
+        self.received += 1
+        self._progress.set()
+
+    async def wait(self, *, below: int, deadline: float) -> None:
+        """Until fewer than ``below`` sent messages wait for their ack, or the loop's clock reaches ``deadline``
+        (those still waiting then count as lost)."""
+        while self.waiting() >= below:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), left)
+
+
+def _stored(data: bytes) -> bool:
+    """Whether a JetStream publish reply is an ack (``{"stream": ..., "seq": ...}``), not an error
+    (``{"error": {...}}``) or a no-responders status (an empty body). Looked for, not parsed: parsing 23,000 acks
+    as JSON was a tenth of publishing them."""
+    return b'"seq"' in data and b'"error"' not in data
+
+
 class BadMessage(ValueError):
     """A message that cannot be decoded; the text says why."""
 
@@ -351,18 +396,33 @@ class Bus:
 
     async def publish_many(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[bool]:
         """Publish many messages to JetStream at once (subject, message or raw bytes, message id), the acks
-        pipelined rather than awaited one by one; True for each message the store acknowledged."""
-        futures: list[asyncio.Future[Any]] = []
-        for subject, message, msg_id in items:
-            payload = message if isinstance(message, bytes) else message.model_dump_json(by_alias=True).encode()
-            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-            futures.append(await self.js.publish_async(subject, payload, headers=headers))
-        if not futures:
+        pipelined rather than awaited one by one; True for each message the store acknowledged.
+
+        Each message is a core publish whose reply subject (``<inbox>.<index>``) gets the stream's ack, all on one
+        subscription of this call. nats-py's ``publish_async`` does the same with a future, a semaphore, a fresh
+        token and a parsed ``PubAck`` object per message: at 23,000 messages (a scheduler's first pass over 10,000
+        models) that bookkeeping cost more than the publishing itself."""
+        if not items:
             return []
-        done, pending = await asyncio.wait(futures, timeout=ACK_WAIT)
-        for future in pending:
-            future.cancel()
-        return [f in done and not f.cancelled() and f.exception() is None for f in futures]
+        acks = _Acks(len(items))
+        deadline = asyncio.get_running_loop().time() + ACK_WAIT
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox + ".*", cb=acks.on_reply)
+        try:
+            publish = self.nc.publish
+            for index, (subject, message, msg_id) in enumerate(items):
+                if acks.waiting() >= MAX_ACKS_PENDING:
+                    await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
+                payload = message if isinstance(message, bytes) else message.model_dump_json(by_alias=True).encode()
+                await publish(
+                    subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
+                )
+                acks.sent += 1
+            await acks.wait(below=1, deadline=deadline)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return [ok is True for ok in acks.results]
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""

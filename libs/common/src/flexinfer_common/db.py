@@ -7,14 +7,17 @@ Schema changes go through Alembic (``flexinfer_common/migrations``); ``upgrade_d
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, text
+from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, event, text
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from flexinfer_common.settings import normalize_database_url
 
@@ -163,9 +166,40 @@ class ProcessedMessageRow(Base):
     processed_at: Mapped[datetime] = mapped_column(server_default=text("now()"), index=True)
 
 
+#: A pooled connection that sat idle longer than this (seconds) is pinged before it is used again.
+PING_AFTER_IDLE = 1.0
+
+
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(normalize_database_url(url), **kwargs)
+    """The async engine. Pooled connections are checked before use as with ``pool_pre_ping``, but only those idle
+    for over :data:`PING_AFTER_IDLE`: one that served a moment ago is alive, and pinging it put a round trip on
+    every transaction (three of them on the scheduler's way from a demand to its command). Pass
+    ``pool_pre_ping=True`` to ping on every checkout."""
+    if kwargs.get("pool_pre_ping"):
+        return create_async_engine(normalize_database_url(url), **kwargs)
+    engine = create_async_engine(normalize_database_url(url), **kwargs)
+    _ping_when_idle(engine, PING_AFTER_IDLE)
+    return engine
+
+
+def _ping_when_idle(engine: AsyncEngine, idle: float) -> None:
+    pool = engine.sync_engine.pool
+    dialect = engine.dialect
+
+    def checked_in(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
+        since = record.info.get("checked_in")
+        if since is None or time.monotonic() - since <= idle:
+            return  # new, or in use a moment ago
+        try:
+            dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # the server restarted, or the connection was dropped: the pool reconnects
+            raise DisconnectionError(f"pooled connection is dead: {exc!r}") from exc
+
+    event.listen(pool, "checkin", checked_in)
+    event.listen(pool, "checkout", checked_out)
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -385,15 +385,15 @@ class Scheduler:
         for update in plan.swap_updates:
             swap = update.swap
             if update.created:
-                SWAPS.labels(
-                    group=plan.group,
-                    from_model=swap.from_model.name if swap.from_model else "",
-                    to_model=swap.to_model.name if swap.to_model else "",
-                    reason=swap.reason.value,
-                ).inc()
+                SWAPS.inc(
+                    plan.group,
+                    swap.from_model.name if swap.from_model else "",
+                    swap.to_model.name if swap.to_model else "",
+                    swap.reason.value,
+                )
             if update.finished_at is not None:
                 for phase, seconds in swap.phases.items():
-                    SWAP_DURATION.labels(group=plan.group, phase=phase).observe(seconds)
+                    SWAP_DURATION.observe(seconds, plan.group, phase)
             kind = (
                 "swap.started"
                 if update.created and update.finished_at is None

@@ -119,8 +119,8 @@ class Forwarder:
         path: bytes,
         body: bytes | None,
         on_done: OnDone,
-        *,
         strip_authorization: bool = False,
+        *,
         extra_headers: Sequence[Header] = (),
         on_sent: OnSent | None = None,
     ) -> Exchange:
@@ -203,7 +203,7 @@ class Exchange:
         self.path = path  # as the model sees it, below the endpoint's base path
         self.target = path
         self.body = body
-        self.streamed = streamed = body is None and request.has_body
+        self.streamed = streamed = body is None and (request.chunked or bool(request.content_length))  # (has_body)
         self.upload_done = not streamed
         self.attempts_left = 0  # decided at the first failure (``retry_safe``)
         self.headers: list[Header] = request.headers

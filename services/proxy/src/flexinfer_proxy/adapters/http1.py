@@ -68,14 +68,15 @@ _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
 
 def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
     """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
-    if head_only or status in (204, 304):
+    # (``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int and formats a TypeError each time.)
+    if head_only or status == 204 or status == 304:
         return Framing.NONE
-    if b"\r\nContent-Length:" in head and b"\r\nTransfer-Encoding:" not in head:  # (as most servers spell it)
+    if head.find(b"\r\nContent-Length:") >= 0 and head.find(b"\r\nTransfer-Encoding:") < 0:  # (the usual spelling)
         return Framing.SIZED
     lower = head.lower()
-    if b"\r\ntransfer-encoding:" in lower:
+    if lower.find(b"\r\ntransfer-encoding:") >= 0:
         return Framing.CHUNKED if _CHUNKED.search(lower) else Framing.UNTIL_CLOSE
-    if b"\r\ncontent-length:" in lower:
+    if lower.find(b"\r\ncontent-length:") >= 0:
         return Framing.SIZED
     return Framing.UNTIL_CLOSE
 
@@ -214,8 +215,8 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.interim += 1
             return
         buffer = self.buffer
-        end = 0
-        for _ in range(self.interim + 1):
+        end = buffer.index(b"\r\n\r\n") + 4
+        for _ in range(self.interim):  # the final head follows the interim ones
             end = buffer.index(b"\r\n\r\n", end) + 4
         self.body_at = end
         self.status = status

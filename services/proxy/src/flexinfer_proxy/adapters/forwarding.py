@@ -334,7 +334,9 @@ class Exchange:
             data += b"".join(self._out)
             self._out.clear()
         if data:
-            self.server.write(data)
+            server = self.server  # (``ServerConnection.write`` inlined: once or more per answer)
+            if not server.closed and server.transport is not None:
+                server.transport.write(data)
         if complete:
             conn = self.conn
             self.conn = None

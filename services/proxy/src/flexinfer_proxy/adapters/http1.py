@@ -216,8 +216,9 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             return
         buffer = self.buffer
         end = buffer.index(b"\r\n\r\n") + 4
-        for _ in range(self.interim):  # the final head follows the interim ones
-            end = buffer.index(b"\r\n\r\n", end) + 4
+        if self.interim:
+            for _ in range(self.interim):  # the final head follows the interim ones
+                end = buffer.index(b"\r\n\r\n", end) + 4
         self.body_at = end
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()

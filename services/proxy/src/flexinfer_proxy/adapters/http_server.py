@@ -347,7 +347,8 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
             return
         if request.sink is not None:
             request.sink.body_end()
-        elif request.has_body and request.on_gone is None and not request.finished:  # the server collected the body
+        elif (request.chunked or request.content_length) and request.on_gone is None and not request.finished:
+            # (a body, collected by the server: ``has_body`` inlined)
             parts = request.parts
             if parts:
                 request.body = parts[0] if len(parts) == 1 else b"".join(parts)

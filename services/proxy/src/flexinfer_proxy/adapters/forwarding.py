@@ -249,7 +249,8 @@ class Exchange:
         self.conn = conn
         request = self.request
         method = request.method
-        conn.begin(self, head_only=method == b"HEAD")
+        # (Only an HTTP/1.0 client gets a chunked answer de-chunked: see ``answer_head``.)
+        conn.begin(self, head_only=method == b"HEAD", may_dechunk=request.version != "1.1")
         body = self.body
         if body is not None:
             length = len(body) if body or method not in _NO_BODY_METHODS else None

@@ -86,7 +86,8 @@ class AnswerSink(Protocol):
 
     def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
         """The final head arrived, as the model sent it (status line to the blank line). Return True to get the body
-        de-chunked through ``answer_body`` instead of as the bytes that came (``answer_flush``)."""
+        de-chunked through ``answer_body`` instead of as the bytes that came (``answer_flush``): only when the
+        answer was begun with ``may_dechunk``."""
 
     def answer_body(self, data: bytes) -> None:
         """A piece of the de-chunked body (only when ``answer_head`` asked for it)."""
@@ -102,6 +103,18 @@ class AnswerSink(Protocol):
         """The model's socket buffer is full (False) or drained again (True): pause or resume an upload."""
 
 
+class _RelayCallbacks:
+    """The answer parser's callbacks when the body is relayed as it came: all but ``on_body``. httptools calls only
+    the callbacks its protocol object has, so the body then costs no call and no bytes object per packet."""
+
+    __slots__ = ("on_headers_complete", "on_message_begin", "on_message_complete")
+
+    def __init__(self, conn: UpstreamConnection) -> None:
+        self.on_message_begin = conn.on_message_begin
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_message_complete = conn.on_message_complete
+
+
 class UpstreamConnection(ReadingControl, asyncio.Protocol):
     """One keep-alive connection to a model, and the answer currently being read on it.
 
@@ -112,7 +125,8 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser = httptools.HttpResponseParser(_RelayCallbacks(self))
+        self.parser_dechunks = False  # the parser calls ``on_body``
         self.sink: AnswerSink | None = None
         self.closed = False
         self.reused = False
@@ -132,8 +146,12 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
 
-    def begin(self, sink: AnswerSink, *, head_only: bool) -> None:
-        """Start reading a new answer for ``sink`` (the request is written next by the caller)."""
+    def begin(self, sink: AnswerSink, *, head_only: bool, may_dechunk: bool = False) -> None:
+        """Start reading a new answer for ``sink`` (the request is written next by the caller). ``may_dechunk``:
+        the sink may ask for the body de-chunked (``answer_head``), so the parser must hand over its pieces."""
+        if may_dechunk != self.parser_dechunks:  # (between answers: a fresh parser is in the same state)
+            self.parser = httptools.HttpResponseParser(self if may_dechunk else _RelayCallbacks(self))
+            self.parser_dechunks = may_dechunk
         self.sink = sink
         self.status = 0
         self.buffer = b""
@@ -234,7 +252,7 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.complete = True
             self.keep_alive = False
 
-    def on_body(self, body: bytes) -> None:
+    def on_body(self, body: bytes) -> None:  # (only when ``begin`` was told ``may_dechunk``)
         if self.dechunk and not self.complete and self.sink is not None:
             self.sink.answer_body(body)
 

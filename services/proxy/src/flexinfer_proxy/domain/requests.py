@@ -134,7 +134,8 @@ def relayed_head(
     elif (
         match.group(1) == b"connection"  # the usual one: ``Connection: keep-alive`` (or close), alone
         and match.group(2).strip() in _PLAIN_CONNECTION
-        and _HOP_LINE.search(lower, match.end()) is None
+        # (none after it: either it is the last field, as nginx writes it, or a second search finds none)
+        and (match.end() + 4 == len(lower) or _HOP_LINE.search(lower, match.end()) is None)
     ):
         stripped = head[: match.start()] + head[match.end() :]
     else:

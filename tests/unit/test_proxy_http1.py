@@ -138,7 +138,7 @@ async def send(
     pool = client.pool("127.0.0.1", port)
     conn = pool.take() or await client.connect(pool)
     sink = sink or Sink()
-    conn.begin(sink, head_only=method == b"HEAD")
+    conn.begin(sink, head_only=method == b"HEAD", may_dechunk=sink.dechunk)
     length = len(body) if body or method == b"POST" else None
     pieces = request_head(method, target, pool.host_header, headers or [], content_length=length, chunked=False)
     conn.write(b"".join(pieces) + body)

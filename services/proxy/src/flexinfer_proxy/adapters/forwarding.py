@@ -119,8 +119,8 @@ class Forwarder:
         path: bytes,
         body: bytes | None,
         on_done: OnDone,
-        *,
         strip_authorization: bool = False,
+        *,
         extra_headers: Sequence[Header] = (),
         on_sent: OnSent | None = None,
     ) -> Exchange:
@@ -203,7 +203,7 @@ class Exchange:
         self.path = path  # as the model sees it, below the endpoint's base path
         self.target = path
         self.body = body
-        self.streamed = streamed = body is None and request.has_body
+        self.streamed = streamed = body is None and (request.chunked or bool(request.content_length))  # (has_body)
         self.upload_done = not streamed
         self.attempts_left = 0  # decided at the first failure (``retry_safe``)
         self.headers: list[Header] = request.headers
@@ -249,7 +249,8 @@ class Exchange:
         self.conn = conn
         request = self.request
         method = request.method
-        conn.begin(self, head_only=method == b"HEAD")
+        # (Only an HTTP/1.0 client gets a chunked answer de-chunked: see ``answer_head``.)
+        conn.begin(self, head_only=method == b"HEAD", may_dechunk=request.version != "1.1")
         body = self.body
         if body is not None:
             length = len(body) if body or method not in _NO_BODY_METHODS else None
@@ -334,7 +335,9 @@ class Exchange:
             data += b"".join(self._out)
             self._out.clear()
         if data:
-            self.server.write(data)
+            server = self.server  # (``ServerConnection.write`` inlined: once or more per answer)
+            if not server.closed and server.transport is not None:
+                server.transport.write(data)
         if complete:
             conn = self.conn
             self.conn = None

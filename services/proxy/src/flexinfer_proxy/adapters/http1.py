@@ -68,14 +68,15 @@ _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
 
 def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
     """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
-    if head_only or status in (204, 304):
+    # (``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int and formats a TypeError each time.)
+    if head_only or status == 204 or status == 304:
         return Framing.NONE
-    if b"\r\nContent-Length:" in head and b"\r\nTransfer-Encoding:" not in head:  # (as most servers spell it)
+    if head.find(b"\r\nContent-Length:") >= 0 and head.find(b"\r\nTransfer-Encoding:") < 0:  # (the usual spelling)
         return Framing.SIZED
     lower = head.lower()
-    if b"\r\ntransfer-encoding:" in lower:
+    if lower.find(b"\r\ntransfer-encoding:") >= 0:
         return Framing.CHUNKED if _CHUNKED.search(lower) else Framing.UNTIL_CLOSE
-    if b"\r\ncontent-length:" in lower:
+    if lower.find(b"\r\ncontent-length:") >= 0:
         return Framing.SIZED
     return Framing.UNTIL_CLOSE
 
@@ -85,7 +86,8 @@ class AnswerSink(Protocol):
 
     def answer_head(self, status: int, head: bytes, framing: Framing) -> bool:
         """The final head arrived, as the model sent it (status line to the blank line). Return True to get the body
-        de-chunked through ``answer_body`` instead of as the bytes that came (``answer_flush``)."""
+        de-chunked through ``answer_body`` instead of as the bytes that came (``answer_flush``): only when the
+        answer was begun with ``may_dechunk``."""
 
     def answer_body(self, data: bytes) -> None:
         """A piece of the de-chunked body (only when ``answer_head`` asked for it)."""
@@ -101,6 +103,18 @@ class AnswerSink(Protocol):
         """The model's socket buffer is full (False) or drained again (True): pause or resume an upload."""
 
 
+class _RelayCallbacks:
+    """The answer parser's callbacks when the body is relayed as it came: all but ``on_body``. httptools calls only
+    the callbacks its protocol object has, so the body then costs no call and no bytes object per packet."""
+
+    __slots__ = ("on_headers_complete", "on_message_begin", "on_message_complete")
+
+    def __init__(self, conn: UpstreamConnection) -> None:
+        self.on_message_begin = conn.on_message_begin
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_message_complete = conn.on_message_complete
+
+
 class UpstreamConnection(ReadingControl, asyncio.Protocol):
     """One keep-alive connection to a model, and the answer currently being read on it.
 
@@ -111,7 +125,8 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser = httptools.HttpResponseParser(_RelayCallbacks(self))
+        self.parser_dechunks = False  # the parser calls ``on_body``
         self.sink: AnswerSink | None = None
         self.closed = False
         self.reused = False
@@ -131,8 +146,12 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
 
-    def begin(self, sink: AnswerSink, *, head_only: bool) -> None:
-        """Start reading a new answer for ``sink`` (the request is written next by the caller)."""
+    def begin(self, sink: AnswerSink, *, head_only: bool, may_dechunk: bool = False) -> None:
+        """Start reading a new answer for ``sink`` (the request is written next by the caller). ``may_dechunk``:
+        the sink may ask for the body de-chunked (``answer_head``), so the parser must hand over its pieces."""
+        if may_dechunk != self.parser_dechunks:  # (between answers: a fresh parser is in the same state)
+            self.parser = httptools.HttpResponseParser(self if may_dechunk else _RelayCallbacks(self))
+            self.parser_dechunks = may_dechunk
         self.sink = sink
         self.status = 0
         self.buffer = b""
@@ -214,9 +233,10 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.interim += 1
             return
         buffer = self.buffer
-        end = 0
-        for _ in range(self.interim + 1):
-            end = buffer.index(b"\r\n\r\n", end) + 4
+        end = buffer.index(b"\r\n\r\n") + 4
+        if self.interim:
+            for _ in range(self.interim):  # the final head follows the interim ones
+                end = buffer.index(b"\r\n\r\n", end) + 4
         self.body_at = end
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()
@@ -232,7 +252,7 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.complete = True
             self.keep_alive = False
 
-    def on_body(self, body: bytes) -> None:
+    def on_body(self, body: bytes) -> None:  # (only when ``begin`` was told ``may_dechunk``)
         if self.dechunk and not self.complete and self.sink is not None:
             self.sink.answer_body(body)
 

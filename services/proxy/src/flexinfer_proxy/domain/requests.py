@@ -128,6 +128,31 @@ def relayed_head(
     with its chunk framing), ``extra`` fields added, and ``Connection: close`` when the client's connection ends with
     this answer."""
     lower = head.lower()
+    match = _HOP_LINE.search(lower)
+    if match is None:
+        stripped = head
+    elif (
+        match.group(1) == b"connection"  # the usual one: ``Connection: keep-alive`` (or close), alone
+        and match.group(2).strip() in _PLAIN_CONNECTION
+        # (none after it: either it is the last field, as nginx writes it, or a second search finds none)
+        and (match.end() + 4 == len(lower) or _HOP_LINE.search(lower, match.end()) is None)
+    ):
+        stripped = head[: match.start()] + head[match.end() :]
+    else:
+        stripped = _without_hop_fields(head, lower, keep_framing=keep_framing)
+    if not extra and not close:
+        return stripped
+    lines = [stripped[:-2]]
+    for name, value in extra:
+        lines += (name, b": ", value, b"\r\n")
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _without_hop_fields(head: bytes, lower: bytes, *, keep_framing: bool) -> bytes:
+    """``head`` less every hop-by-hop field and those its ``Connection`` names (``lower``: ``head`` lower-cased)."""
     kept: list[bytes] = []
     cut = 0
     listed: frozenset[bytes] = frozenset()
@@ -143,15 +168,7 @@ def relayed_head(
     if listed:  # (rare: a Connection field naming other fields)
         names = b"|".join(re.escape(name) for name in sorted(listed))
         stripped = re.sub(rb"\r\n(?:" + names + rb"):[^\r]*", b"", stripped, flags=re.IGNORECASE)
-    if not extra and not close:
-        return stripped
-    lines = [stripped[:-2]]
-    for name, value in extra:
-        lines += (name, b": ", value, b"\r\n")
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
+    return stripped
 
 
 @dataclass(frozen=True, slots=True)

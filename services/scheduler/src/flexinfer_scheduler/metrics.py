@@ -21,14 +21,32 @@ from flexinfer_scheduler.domain.model import GroupSnapshot
 from flexinfer_scheduler.domain.plan import GroupPlan
 
 
-class SeriesCounter:
-    """A counter with labels, kept as plain numbers and exposed when scraped (a prometheus_client child per label
-    set took tens of microseconds to create: 1,000 groups swapping at once made 1,000 of them in one pass)."""
+class _Series:
+    """Labelled values kept as plain numbers and exposed when scraped, as one metric family of ``_family``'s kind (a
+    prometheus_client child per label set took tens of microseconds to create: 1,000 groups swapping at once made
+    1,000 of them in one pass)."""
+
+    _family: type[CounterMetricFamily] | type[GaugeMetricFamily]
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> None:
         self.name, self.documentation, self._labelnames = name, documentation, labelnames
         self._values: dict[tuple[str, ...], float] = {}
         registry.register(self)
+
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield self._family(self.name, self.documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        family = self._family(self.name, self.documentation, labels=self._labelnames)
+        for labels, value in list(self._values.items()):
+            family.add_metric(labels, value)
+        yield family
+
+
+class SeriesCounter(_Series):
+    """A counter with labels (see :class:`_Series`)."""
+
+    _family = CounterMetricFamily
 
     def inc(self, *labels: str, amount: float = 1.0) -> None:
         self._values[labels] = self._values.get(labels, 0.0) + amount
@@ -36,39 +54,17 @@ class SeriesCounter:
     def value(self, *labels: str) -> float:
         return self._values.get(labels, 0.0)
 
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)
-        for labels, value in list(self._values.items()):
-            family.add_metric(labels, value)
-        yield family
+class SeriesGauge(_Series):
+    """A gauge with labels (see :class:`_Series`: a first pass over 10,000 models sets one series per model)."""
 
-
-class SeriesGauge:
-    """A gauge with labels, kept as plain numbers and exposed when scraped (as :class:`SeriesCounter`: a first pass
-    over 10,000 models sets one series per model)."""
-
-    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self._labelnames = name, documentation, labelnames
-        self._values: dict[tuple[str, ...], float] = {}
-        registry.register(self)
+    _family = GaugeMetricFamily
 
     def set(self, value: float, *labels: str) -> None:
         self._values[labels] = value
 
     def remove(self, *labels: str) -> None:
         self._values.pop(labels, None)
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)
-        for labels, value in list(self._values.items()):
-            family.add_metric(labels, value)
-        yield family
 
 
 class SeriesHistogram:

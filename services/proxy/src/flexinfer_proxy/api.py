@@ -35,6 +35,7 @@ import httptools
 
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
+from flexinfer_common.tasks import cancel_and_wait
 from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.domain import errors
@@ -480,10 +481,7 @@ class ProxyHandler:
 
     async def cancel_waits(self) -> None:
         """Shutdown: end what still runs for requests (after their clients were answered)."""
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     # --- small answers ---
 

@@ -29,6 +29,7 @@ from flexinfer_common import subjects
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Demand, message_id
+from flexinfer_common.tasks import cancel_and_wait
 from flexinfer_proxy.domain.demand import (
     DemandReport,
     activity_due,
@@ -129,12 +130,7 @@ class DemandSignaller:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._background) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([t for t in (self._task, *self._background) if t is not None])
         self._task = None
 
     async def _report_activity(self, key: ModelKey) -> None:

@@ -11,13 +11,13 @@ timeout at worst).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 
 from flexinfer_common import subjects
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import InFlightCount, InFlightReport, message_id
+from flexinfer_common.tasks import cancel_and_wait
 from flexinfer_proxy.adapters.demand import DemandPublisher
 from flexinfer_proxy.domain.routes import ModelKey
 
@@ -48,9 +48,7 @@ class InFlightReporter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         if self._last:
             await self._publish({})  # nothing is in flight any more: a drain need not wait for our counts to age

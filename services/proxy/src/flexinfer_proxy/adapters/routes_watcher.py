@@ -22,6 +22,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_common.metrics import BAD_MESSAGES
+from flexinfer_common.tasks import cancel_and_wait
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.routes")
@@ -96,9 +97,7 @@ class RouteWatcher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         self.watching = False
 

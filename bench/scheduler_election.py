@@ -25,6 +25,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import ModelRow, create_engine, ensure_database_exists, session_factory, upgrade_database
 from flexinfer_common.enums import ScaleAction
+from flexinfer_common.runner import tune_gc
 from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
@@ -110,6 +111,7 @@ async def full(groups: int, tmp: Path) -> dict[str, float]:
         await bus.connect()
         await bus.ensure_streams()
         settings = SchedulerSettings(database_url=url, nats_url=nats_url)
+        tune_gc()  # what the scheduler service does once it has started (flexinfer_scheduler.main)
         store = Store(sessions)
         scheduler = Scheduler(
             store=store,

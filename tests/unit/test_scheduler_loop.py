@@ -19,6 +19,7 @@ from flexinfer_common.messages import Demand, InFlightCount, InFlightReport, Run
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryLocks, MemoryStore
 from flexinfer_scheduler.domain.model import ModelKey
 from flexinfer_scheduler.loop import Scheduler
+from flexinfer_scheduler.ports import World
 from flexinfer_scheduler.settings import SchedulerSettings
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -214,3 +215,71 @@ async def test_one_replica_leads_and_another_takes_over() -> None:
     stop_second.set()
     await asyncio.gather(*tasks)
     assert locks.holder is None
+
+
+class RecordingStore(MemoryStore):
+    """Records which groups each load asked for; ``during_load`` runs inside a load (as an event handled while
+    the load's query is in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[frozenset[str] | None] = []
+        self.during_load: Any = None
+
+    async def load_world(
+        self, now: datetime, demand_window: timedelta, groups_only: set[str] | None = None, **kw: Any
+    ) -> tuple[World, bool]:
+        self.loads.append(frozenset(groups_only) if groups_only is not None else None)
+        if self.during_load is not None:
+            await self.during_load(groups_only)
+        return await super().load_world(now, demand_window, groups_only, **kw)
+
+
+async def many_groups(store: MemoryStore, clock: LoopClock, groups: int) -> tuple[Scheduler, MemoryBus]:
+    for g in range(groups):
+        await store.put_model(manifest(f"m{g:02}", shared=f"g{g:02}"), clock.now())
+    settings, bus = SchedulerSettings(reconcile_interval=3), MemoryBus()
+    return Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock), bus
+
+
+async def test_a_demand_recorded_while_a_reconcile_slice_loads_is_elected_before_that_slice() -> None:
+    """At 10,000 models the reconcile runs in slices for most of each period; a demand must not wait for the
+    slice it arrived in: the slice gives way, the demand's group is elected, then the slice is loaded again."""
+    store, clock = RecordingStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 60)  # three slices of 25 groups
+    demanded = ModelKey("default", "m59")
+
+    async def demand_once(groups: set[str] | None) -> None:
+        if groups is not None and "g00" in groups and store.during_load is not None:
+            store.during_load = None
+            await store.record_demand(
+                namespace="default", name="m59", source="p1", queued=1, when=clock.now(), message_id="d1"
+            )
+            scheduler.kick("g59")
+
+    store.during_load = demand_once
+    await scheduler.reconcile()
+
+    first_slice = frozenset(f"g{g:02}" for g in range(25))
+    assert store.loads[:3] == [first_slice, frozenset({"g59"}), first_slice]
+    commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+    assert commands[0].model == demanded.name and commands[0].action == ScaleAction.ACTIVATE
+    assert {c.model for c in commands} == {f"m{g:02}" for g in range(60)}  # every slice was still elected
+
+
+async def test_a_stream_of_events_cannot_starve_a_reconcile_slice() -> None:
+    """Every load of the first slice records another event: the slice gives way a few times, then runs."""
+    store, clock = RecordingStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 30)
+
+    async def event_every_time(groups: set[str] | None) -> None:
+        if groups is not None and "g00" in groups:
+            scheduler.kick("g29")
+
+    store.during_load = event_every_time
+    await scheduler.reconcile()
+
+    first_slice = frozenset(f"g{g:02}" for g in range(25))
+    assert store.loads.count(first_slice) == 4  # it gave way three times (SLICE_YIELDS), then ran
+    commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+    assert {c.model for c in commands} == {f"m{g:02}" for g in range(30)}

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel
 
@@ -62,9 +62,12 @@ from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
 
 log = get_logger("flexinfer.scheduler")
 
-# Groups per slice of the periodic reconcile (about 250 models: a few milliseconds). An event that arrives during a
-# slice waits for it to end, so a slice bounds the reaction to a demand from above.
+# Groups per slice of the periodic reconcile (about 250 models: a few milliseconds). An event recorded while a slice
+# loads makes the slice give way (it is planned again after the event's pass); one that arrives later waits for the
+# slice's planning and writing, so a slice bounds the reaction to a demand from above.
 RECONCILE_CHUNK = 25
+# How often one slice gives way before it runs regardless (a steady stream of events cannot starve the reconcile).
+SLICE_YIELDS = 3
 
 
 @dataclass
@@ -287,8 +290,11 @@ class Scheduler:
         chunk, so a large installation's reconcile does not hold up the reaction to a demand."""
         names = await self.store.group_names()
         for start in range(0, max(len(names), 1), RECONCILE_CHUNK):
-            await self._pass_dirty()
-            await self.election_pass(set(names[start : start + RECONCILE_CHUNK]))
+            chunk = set(names[start : start + RECONCILE_CHUNK])
+            for yields in range(SLICE_YIELDS, -1, -1):
+                await self._pass_dirty()
+                if await self.election_pass(chunk, give_way=yields > 0) is not None:
+                    break
         await self._pass_dirty()
         await self._forget_deleted(await self.store.model_keys())
         if self._monotonic() - self._last_prune > 60:
@@ -311,13 +317,23 @@ class Scheduler:
             for group in world.groups
         ]
 
-    async def election_pass(self, groups: set[str] | None = None) -> PassResult:
-        """Elect and apply for every group, or only for ``groups`` (those an event touched)."""
+    @overload
+    async def election_pass(self, groups: set[str] | None = None) -> PassResult: ...
+
+    @overload
+    async def election_pass(self, groups: set[str] | None = None, *, give_way: bool) -> PassResult | None: ...
+
+    async def election_pass(self, groups: set[str] | None = None, *, give_way: bool = False) -> PassResult | None:
+        """Elect and apply for every group, or only for ``groups`` (those an event touched). With ``give_way``
+        (a slice of the reconcile), a pass during whose load an event was recorded stops before planning and
+        returns None: the event's pass goes first, then the slice is loaded again."""
         started = time.perf_counter()
         now = self.clock.now()
         world, leases_ok = await self.store.load_world(
             now, self.settings.shared_demand_window, groups, in_flight_ttl=self.in_flight_ttl
         )
+        if give_way and self._dirty:
+            return None
         if not leases_ok:
             LEASE_READ_ERRORS.inc()
             log.warning("lease read failed; electing as if unleased (fail open toward serving)")
@@ -357,21 +373,23 @@ class Scheduler:
                     self._routes[key] = fields
             if not all(written):
                 log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
-        commands = [self._command(command, plan, now) for plan in plans for command in plan.commands]
-        await self._publish_all([c for c in commands if c is not None], "command")
+        commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, now))]
         statuses = [
             u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now))
         ]
         groups = [g for plan in plans if (g := self._group_status(plan, now))]
         events = [e for plan in plans for e in self._swap_events(plan, now)]
+        # Commands and what observers read go out in one batch, commands first (one round trip for the acks
+        # instead of two: it is on the way from every event to the next pass).
         published = await self._publish_all(
             [
+                *commands,
                 *((subjects.model_status_subject(k.namespace, k.name), u, None) for k, _, u in statuses),
                 *((subjects.group_status_subject(g), u, None) for g, _, u in groups),
                 *events,
-            ],
-            "status",
+            ]
         )
+        published = published[len(commands) :]
         for (key, fields, _), ok in zip(statuses, published, strict=False):
             if ok:
                 self._statuses[key] = fields
@@ -459,7 +477,7 @@ class Scheduler:
         )
         return subjects.command_subject(key.namespace, key.name), message, message_id("scheduler")
 
-    async def _publish_all(self, items: list[tuple[str, BaseModel, str | None]], what: str) -> list[bool]:
+    async def _publish_all(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
         """Publish together; a failure is logged (a lost command is re-sent after command_retry, a status or route
         is published again by the next pass)."""
         if not items:
@@ -467,10 +485,11 @@ class Scheduler:
         try:
             published = await self.bus.publish_many(items)
         except Exception as exc:
-            log.warning("publish failed", extra={"what": what, "error": repr(exc)})
+            log.warning("publish failed", extra={"messages": len(items), "error": repr(exc)})
             return [False] * len(items)
         if not all(published):
-            log.warning("publish failed", extra={"what": what, "failed": published.count(False)})
+            failed = sorted({subject for (subject, _, _), ok in zip(items, published, strict=True) if not ok})
+            log.warning("publish failed", extra={"failed": published.count(False), "subjects": failed[:5]})
         return published
 
     def _route(

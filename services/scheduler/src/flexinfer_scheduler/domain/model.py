@@ -119,21 +119,28 @@ class MemberPatch:
     last_failure: str | _Unset | None = UNSET
     promoted_at: datetime | _Unset | None = UNSET
     demand_since: datetime | _Unset | None = UNSET
+    _changes: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     # (written for speed: a pass over 10,000 models patches thousands of members, and ``dataclasses.replace`` made
-    # patching the largest cost of planning)
+    # patching the largest cost of planning; the fields set are worked out once, when the patch is made)
+
+    def __post_init__(self) -> None:
+        changes = {name: v for name in _PATCH_FIELDS if (v := getattr(self, name)) is not UNSET}
+        object.__setattr__(self, "_changes", changes)
 
     def changes(self) -> dict[str, Any]:
-        """The fields set, by name."""
-        return {name: v for name in _PATCH_FIELDS if (v := getattr(self, name)) is not UNSET}
+        """The fields set, by name (not to be changed by the caller)."""
+        return self._changes
 
     def merge(self, later: MemberPatch) -> MemberPatch:
         """This patch with ``later``'s set fields on top."""
-        return MemberPatch(**{**self.changes(), **later.changes()})
+        if not self._changes:
+            return later
+        return MemberPatch(**{**self._changes, **later._changes})
 
     def apply(self, member: Member) -> Member:
         """``member`` with this patch's fields (the same object when the patch changes nothing)."""
-        changes = self.changes()
+        changes = self._changes
         if not changes:
             return member
         patched = object.__new__(Member)
@@ -141,7 +148,7 @@ class MemberPatch:
         return patched
 
 
-_PATCH_FIELDS = tuple(f.name for f in dataclasses.fields(MemberPatch))
+_PATCH_FIELDS = tuple(f.name for f in dataclasses.fields(MemberPatch) if f.init)
 NO_CHANGE = MemberPatch()
 
 

@@ -31,6 +31,7 @@ from time import monotonic
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
+    HEADS_REMEMBERED,
     Framing,
     Header,
     Http1Client,
@@ -46,6 +47,10 @@ from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, relayed_he
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
+
+#: Answer heads as relayed to a client whose connection stays open, with no field added (``relayed_head``), by
+#: the head as the model sent it.
+_RELAYED_HEADS: dict[bytes, bytes] = {}
 
 #: Methods whose empty body goes without a Content-Length (as clients send them).
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
@@ -317,8 +322,17 @@ class Exchange:
         elif framing is Framing.CHUNKED and request.version != "1.1":
             dechunk = close = True  # an HTTP/1.0 client does not read chunked framing
         self.close_after = close
-        self._head = relayed_head(head, self.extra_headers, keep_framing=not dechunk, close=close)
-        return dechunk
+        if close or self.extra_headers:
+            self._head = relayed_head(head, self.extra_headers, keep_framing=not dechunk, close=close)
+            return dechunk
+        # The usual answer: its head relayed as another answer with the same head was (see ``http1._FRAMINGS``).
+        relayed = _RELAYED_HEADS.get(head)
+        if relayed is None:
+            if len(_RELAYED_HEADS) >= HEADS_REMEMBERED:
+                _RELAYED_HEADS.clear()
+            relayed = _RELAYED_HEADS[head] = relayed_head(head)
+        self._head = relayed
+        return False
 
     def answer_body(self, data: bytes) -> None:
         self._out.append(data)

@@ -66,6 +66,12 @@ class Framing(IntEnum):
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
 
 
+#: How many distinct answer heads ``_FRAMINGS`` (and the sink's own cache) remember before starting over: a
+#: model's heads differ by their Date (once a second) and whatever the model adds per answer.
+HEADS_REMEMBERED = 256
+_FRAMINGS: dict[bytes, Framing] = {}
+
+
 def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
     """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
     # (``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int and formats a TypeError each time.)
@@ -244,7 +250,17 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         sink = self.sink
         assert sink is not None
         head = buffer[:end]
-        self.framing = framing_of(status, head, head_only=self.head_only)
+        if self.head_only:
+            self.framing = Framing.NONE
+        else:
+            # A model answers with the same head again and again (only its Date changes, once a second): its
+            # framing is looked up, not worked out (the head's hash, computed here, serves the sink's lookup too).
+            framing = _FRAMINGS.get(head)
+            if framing is None:
+                if len(_FRAMINGS) >= HEADS_REMEMBERED:
+                    _FRAMINGS.clear()
+                framing = _FRAMINGS[head] = framing_of(status, head, head_only=False)
+            self.framing = framing
         self.dechunk = sink.answer_head(status, head, self.framing)
         if self.head_only:
             # A HEAD answer's length describes a body that never comes: the answer ends with its head, and the

@@ -39,7 +39,6 @@ from flexinfer_proxy.adapters.http1 import (
     UpstreamConnection,
     UpstreamConnectionError,
     UpstreamStreamError,
-    request_head,
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
@@ -263,9 +262,16 @@ class Exchange:
         else:
             length = request.content_length if self.streamed else None
             chunked = self.streamed and request.chunked
-        pieces = request_head(
-            method, self.target, self._pool.host_header, self.headers, content_length=length, chunked=chunked
-        )
+        # ``request_head`` inlined (once per request), with the body joined into the same write.
+        pieces = [method, b" ", self.target, b" HTTP/1.1\r\nHost: ", self._pool.host_header]
+        for name, value in self.headers:
+            pieces += (b"\r\n", name, b": ", value)
+        if chunked:
+            pieces.append(b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        elif length is not None:
+            pieces.append(b"\r\nContent-Length: %d\r\n\r\n" % length)
+        else:
+            pieces.append(b"\r\n\r\n")
         if body:
             pieces.append(body)
         transport = conn.transport
@@ -315,7 +321,8 @@ class Exchange:
         self.status = status
         self.head_at = monotonic()
         request = self.request
-        close = self.server.will_close(request)
+        server = self.server  # (``will_close`` inlined)
+        close = not request.keep_alive or server.server.closing or server.refusing
         dechunk = False
         if framing is Framing.UNTIL_CLOSE:
             close = True  # the client, too, learns where the body ends from the connection closing
@@ -357,9 +364,20 @@ class Exchange:
             self.conn = None
             if conn is not None:
                 conn.release(request_sent=self.upload_done)
+            request = self.request
             if self.close_after:
-                self.request.keep_alive = False
-            self._end(None)
+                request.keep_alive = False
+            # ``_end(None)`` inlined: the usual way an exchange ends.
+            self.done = True
+            request.sink = request.on_gone = request.on_pause = None
+            in_flight = self._forwarder._in_flight
+            key = self.key
+            count = in_flight[key] - 1
+            if count:
+                in_flight[key] = count
+            else:
+                del in_flight[key]
+            self._on_done(self, None)
 
     def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
         if self.done:

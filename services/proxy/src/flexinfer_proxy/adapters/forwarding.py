@@ -254,7 +254,7 @@ class Exchange:
         request = self.request
         method = request.method
         # (Only an HTTP/1.0 client gets a chunked answer de-chunked: see ``answer_head``.)
-        conn.begin(self, head_only=method == b"HEAD", may_dechunk=request.version != "1.1")
+        conn.begin(self, method == b"HEAD", request.version != "1.1")  # (positional: a cheaper call)
         body = self.body
         if body is not None:
             length = len(body) if body or method not in _NO_BODY_METHODS else None

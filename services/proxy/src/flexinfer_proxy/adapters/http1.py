@@ -152,7 +152,7 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
 
-    def begin(self, sink: AnswerSink, *, head_only: bool, may_dechunk: bool = False) -> None:
+    def begin(self, sink: AnswerSink, head_only: bool, may_dechunk: bool = False) -> None:
         """Start reading a new answer for ``sink`` (the request is written next by the caller). ``may_dechunk``:
         the sink may ask for the body de-chunked (``answer_head``), so the parser must hand over its pieces."""
         if may_dechunk != self.parser_dechunks:  # (between answers: a fresh parser is in the same state)

@@ -27,8 +27,8 @@ import asyncio
 import hmac
 import json
 import time
-from time import monotonic
 from collections.abc import Callable, Coroutine
+from time import monotonic
 from typing import Any
 from urllib.parse import unquote
 

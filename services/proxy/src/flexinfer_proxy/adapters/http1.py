@@ -448,7 +448,8 @@ def request_head(
     content_length: int | None,
     chunked: bool,
 ) -> list[bytes]:
-    """The request line and headers as wire pieces (join them, and the body, into one write).
+    """The request line and headers as wire pieces (join them, and the body, into one write): what the forwarding
+    exchange writes (``forwarding.Exchange._send`` builds the same pieces inline, once per request).
 
     ``headers`` are end-to-end headers only (no Host, Content-Length or Transfer-Encoding: set here).
     """

@@ -31,6 +31,7 @@ from time import monotonic
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
+    HEAD_REMEMBERED_BYTES,
     HEADS_REMEMBERED,
     Framing,
     Header,
@@ -335,9 +336,11 @@ class Exchange:
         # The usual answer: its head relayed as another answer with the same head was (see ``http1._FRAMINGS``).
         relayed = _RELAYED_HEADS.get(head)
         if relayed is None:
-            if len(_RELAYED_HEADS) >= HEADS_REMEMBERED:
-                _RELAYED_HEADS.clear()
-            relayed = _RELAYED_HEADS[head] = relayed_head(head)
+            relayed = relayed_head(head)
+            if len(head) <= HEAD_REMEMBERED_BYTES:
+                if len(_RELAYED_HEADS) >= HEADS_REMEMBERED:
+                    _RELAYED_HEADS.clear()
+                _RELAYED_HEADS[head] = relayed
         self._head = relayed
         return False
 

@@ -69,6 +69,8 @@ _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
 #: How many distinct answer heads ``_FRAMINGS`` (and the sink's own cache) remember before starting over: a
 #: model's heads differ by their Date (once a second) and whatever the model adds per answer.
 HEADS_REMEMBERED = 256
+#: Longer heads are worked out each time (so the caches stay under a megabyte together).
+HEAD_REMEMBERED_BYTES = 2048
 _FRAMINGS: dict[bytes, Framing] = {}
 
 
@@ -257,9 +259,11 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             # framing is looked up, not worked out (the head's hash, computed here, serves the sink's lookup too).
             framing = _FRAMINGS.get(head)
             if framing is None:
-                if len(_FRAMINGS) >= HEADS_REMEMBERED:
-                    _FRAMINGS.clear()
-                framing = _FRAMINGS[head] = framing_of(status, head, head_only=False)
+                framing = framing_of(status, head, head_only=False)
+                if len(head) <= HEAD_REMEMBERED_BYTES:
+                    if len(_FRAMINGS) >= HEADS_REMEMBERED:
+                        _FRAMINGS.clear()
+                    _FRAMINGS[head] = framing
             self.framing = framing
         self.dechunk = sink.answer_head(status, head, self.framing)
         if self.head_only:

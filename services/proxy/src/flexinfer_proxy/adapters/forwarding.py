@@ -143,13 +143,11 @@ class Forwarder:
         headers = request.headers
         if strip_authorization and request.authorization is not None:
             headers = [h for h in headers if h[0].lower() != b"authorization"]
-        exchange = Exchange(self, client.pool(endpoint.host, endpoint.port), request, key, route, path, body, on_done)
+        pool = client.pool(endpoint.host, endpoint.port)
+        exchange = Exchange(self, pool, request, key, route, path, body, on_done, headers, extra_headers, on_sent)
         if endpoint.base_path:
             exchange.target = endpoint.base_path.encode() + path
-        exchange.headers = headers
-        exchange.extra_headers = extra_headers
-        exchange._on_sent = on_sent
-        conn = exchange._pool.take()
+        conn = pool.take()
         if conn is not None:
             exchange._send(conn)
         else:
@@ -198,6 +196,9 @@ class Exchange:
         path: bytes,
         body: bytes | None,
         on_done: OnDone,
+        headers: list[Header],
+        extra_headers: Sequence[Header] = (),
+        on_sent: OnSent | None = None,
     ) -> None:
         self._forwarder = forwarder
         self._pool = pool
@@ -211,13 +212,13 @@ class Exchange:
         self.streamed = streamed = body is None and (request.chunked or bool(request.content_length))  # (has_body)
         self.upload_done = not streamed
         self.attempts_left = 0  # decided at the first failure (``retry_safe``)
-        self.headers: list[Header] = request.headers
-        self.extra_headers: Sequence[Header] = ()
-        self._on_sent: OnSent | None = None
+        self.headers = headers  # the end-to-end fields forwarded (``request.headers``, less the proxy's API key)
+        self.extra_headers = extra_headers
+        self._on_sent = on_sent
         self._on_done = on_done
         self._connecting: asyncio.Task[None] | None = None
         self._head: bytes | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes] | None = None  # de-chunked body pieces not written yet (an HTTP/1.0 client only)
         self.conn: UpstreamConnection | None = None
         self.status = 0
         self.head_at = 0.0  # when the model's answer head came (monotonic): the request's time to first byte
@@ -345,6 +346,8 @@ class Exchange:
         return False
 
     def answer_body(self, data: bytes) -> None:
+        if self._out is None:
+            self._out = []
         self._out.append(data)
 
     def answer_flush(self, data: bytes, *, complete: bool) -> None:
@@ -357,7 +360,7 @@ class Exchange:
             data = head + data if data else head
         if self._out:
             data += b"".join(self._out)
-            self._out.clear()
+            self._out = None
         if data:
             server = self.server  # (``ServerConnection.write`` inlined: once or more per answer)
             if not server.closed and server.transport is not None:
@@ -388,7 +391,7 @@ class Exchange:
         self.conn = None
         request = self.request
         self._head = None
-        self._out.clear()
+        self._out = None
         if request.answering:
             # Too late for a status: the client's connection closes with the answer's framing unfinished, so it
             # cannot take the cut answer for a complete one.

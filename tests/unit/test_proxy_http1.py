@@ -323,3 +323,43 @@ async def test_the_connection_limit_makes_requests_wait_for_a_free_one() -> None
         assert server.connections == 1
     finally:
         await limited.close()
+
+
+class _IdleTransport:
+    """A model connection's transport that nobody writes to (the answers are fed by hand)."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        pytest.param(b"GET", b"GET", id="same-request"),
+        pytest.param(b"GET", b"HEAD", id="head-after-get"),
+        pytest.param(b"HEAD", b"GET", id="get-after-head"),
+    ],
+)
+async def test_a_head_seen_before_is_framed_as_the_first_time(first: bytes, then: bytes) -> None:
+    """Answer heads are remembered by their bytes (a model repeats them): the framing of the second answer with the
+    same head is what working it out gives, whatever the request (a HEAD answer has no body either way)."""
+    head = b"HTTP/1.1 200 OK\r\nX-Case: %s-%s\r\nContent-Length: 4\r\n\r\n" % (first, then)
+    client = Http1Client(connections=1, connect_timeout=1)
+    conn = UpstreamConnection(client.pool("127.0.0.1", 9))
+    conn.connection_made(_IdleTransport())  # type: ignore[arg-type]
+    for method in (first, then):
+        sink = Sink()
+        conn.begin(sink, head_only=method == b"HEAD")
+        conn.data_received(head if method == b"HEAD" else head + b"pong")
+        assert sink.ended.is_set() and sink.failure is None
+        assert sink.framing is (Framing.NONE if method == b"HEAD" else Framing.SIZED)
+        assert sink.data == (b"" if method == b"HEAD" else b"pong")
+        assert sink.head == head
+        if method == b"HEAD":  # (not reused after a HEAD answer: a fresh connection for the next)
+            conn = UpstreamConnection(client.pool("127.0.0.1", 9))
+            conn.connection_made(_IdleTransport())  # type: ignore[arg-type]
+        else:
+            conn.release()

@@ -68,6 +68,8 @@ class RequestTally:
         self._counters: dict[tuple[ModelKey, int], Counter] = {}
         self._timings: dict[ModelKey, tuple[Timings, Timings]] = {}  # duration, time to first byte
         self._timer: asyncio.TimerHandle | None = None
+        #: Answers not flushed yet: (model, status, arrived, first byte or 0, ended), monotonic seconds.
+        self.answers: list[tuple[ModelKey, int, float, float, float]] = []
 
     def started(self, key: ModelKey) -> None:
         """A request is being forwarded to ``key``."""
@@ -78,24 +80,42 @@ class RequestTally:
 
     def count(self, key: ModelKey, status: int, arrived: float, first_byte: float = 0.0) -> None:
         """One answer (``status``) for a request to ``key`` that arrived at ``arrived`` (monotonic seconds), ending
-        now; ``first_byte``: when the model's answer head came (0: the proxy answered itself)."""
-        counts = self._counts
-        pair = (key, status)
-        counts[pair] = counts.get(pair, 0) + 1
-        timings = self._timings.get(key)
-        if timings is None:
-            timings = self._timings[key] = self._timings_of(key)
-        # ``Timings.add`` for both, inlined: a method call costs more than the bisection on this path.
-        duration, to_first_byte = timings
-        seconds = monotonic() - arrived
-        duration.counts[bisect_left(duration._bounds, seconds)] += 1
-        duration.total += seconds
-        if first_byte:
-            seconds = first_byte - arrived
-            to_first_byte.counts[bisect_left(to_first_byte._bounds, seconds)] += 1
-            to_first_byte.total += seconds
+        now; ``first_byte``: when the model's answer head came (0: the proxy answered itself).
+
+        The forwarding path does the same without the call: ``tally.answers.append(...)``, then ``tally.arm()``
+        unless ``tally.armed``."""
+        self.answers.append((key, status, arrived, first_byte, monotonic()))
         if self._timer is None:
             self._arm()
+
+    @property
+    def armed(self) -> bool:
+        """A flush is due (answers added now are moved with it)."""
+        return self._timer is not None
+
+    def arm(self) -> None:
+        self._arm()
+
+    def _add_answers(self) -> None:
+        """Move the answers gathered since the last flush into per-series counts and bucket counts."""
+        answers, self.answers = self.answers, []
+        counts = self._counts
+        all_timings = self._timings
+        for key, status, arrived, first_byte, ended in answers:
+            pair = (key, status)
+            counts[pair] = counts.get(pair, 0) + 1
+            timings = all_timings.get(key)
+            if timings is None:
+                timings = all_timings[key] = self._timings_of(key)
+            # ``Timings.add`` for both, inlined: a method call costs more than the bisection here.
+            duration, to_first_byte = timings
+            seconds = ended - arrived
+            duration.counts[bisect_left(duration._bounds, seconds)] += 1
+            duration.total += seconds
+            if first_byte:
+                seconds = first_byte - arrived
+                to_first_byte.counts[bisect_left(to_first_byte._bounds, seconds)] += 1
+                to_first_byte.total += seconds
 
     @staticmethod
     def _timings_of(key: ModelKey) -> tuple[Timings, Timings]:
@@ -111,6 +131,8 @@ class RequestTally:
         self.flush()
 
     def flush(self) -> None:
+        if self.answers:
+            self._add_answers()
         counts, self._counts = self._counts, {}
         self._reached.clear()
         for pair, count in counts.items():

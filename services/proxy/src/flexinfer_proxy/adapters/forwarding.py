@@ -31,6 +31,8 @@ from time import monotonic
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
+    HEAD_REMEMBERED_BYTES,
+    HEADS_REMEMBERED,
     Framing,
     Header,
     Http1Client,
@@ -38,7 +40,6 @@ from flexinfer_proxy.adapters.http1 import (
     UpstreamConnection,
     UpstreamConnectionError,
     UpstreamStreamError,
-    request_head,
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
@@ -46,6 +47,10 @@ from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, relayed_he
 from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
+
+#: Answer heads as relayed to a client whose connection stays open, with no field added (``relayed_head``), by
+#: the head as the model sent it.
+_RELAYED_HEADS: dict[bytes, bytes] = {}
 
 #: Methods whose empty body goes without a Content-Length (as clients send them).
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
@@ -138,13 +143,11 @@ class Forwarder:
         headers = request.headers
         if strip_authorization and request.authorization is not None:
             headers = [h for h in headers if h[0].lower() != b"authorization"]
-        exchange = Exchange(self, client.pool(endpoint.host, endpoint.port), request, key, route, path, body, on_done)
+        pool = client.pool(endpoint.host, endpoint.port)
+        exchange = Exchange(self, pool, request, key, route, path, body, on_done, headers, extra_headers, on_sent)
         if endpoint.base_path:
             exchange.target = endpoint.base_path.encode() + path
-        exchange.headers = headers
-        exchange.extra_headers = extra_headers
-        exchange._on_sent = on_sent
-        conn = exchange._pool.take()
+        conn = pool.take()
         if conn is not None:
             exchange._send(conn)
         else:
@@ -193,6 +196,9 @@ class Exchange:
         path: bytes,
         body: bytes | None,
         on_done: OnDone,
+        headers: list[Header],
+        extra_headers: Sequence[Header] = (),
+        on_sent: OnSent | None = None,
     ) -> None:
         self._forwarder = forwarder
         self._pool = pool
@@ -206,13 +212,13 @@ class Exchange:
         self.streamed = streamed = body is None and (request.chunked or bool(request.content_length))  # (has_body)
         self.upload_done = not streamed
         self.attempts_left = 0  # decided at the first failure (``retry_safe``)
-        self.headers: list[Header] = request.headers
-        self.extra_headers: Sequence[Header] = ()
-        self._on_sent: OnSent | None = None
+        self.headers = headers  # the end-to-end fields forwarded (``request.headers``, less the proxy's API key)
+        self.extra_headers = extra_headers
+        self._on_sent = on_sent
         self._on_done = on_done
         self._connecting: asyncio.Task[None] | None = None
         self._head: bytes | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes] | None = None  # de-chunked body pieces not written yet (an HTTP/1.0 client only)
         self.conn: UpstreamConnection | None = None
         self.status = 0
         self.head_at = 0.0  # when the model's answer head came (monotonic): the request's time to first byte
@@ -250,7 +256,7 @@ class Exchange:
         request = self.request
         method = request.method
         # (Only an HTTP/1.0 client gets a chunked answer de-chunked: see ``answer_head``.)
-        conn.begin(self, head_only=method == b"HEAD", may_dechunk=request.version != "1.1")
+        conn.begin(self, method == b"HEAD", request.version != "1.1")  # (positional: a cheaper call)
         body = self.body
         if body is not None:
             length = len(body) if body or method not in _NO_BODY_METHODS else None
@@ -258,9 +264,16 @@ class Exchange:
         else:
             length = request.content_length if self.streamed else None
             chunked = self.streamed and request.chunked
-        pieces = request_head(
-            method, self.target, self._pool.host_header, self.headers, content_length=length, chunked=chunked
-        )
+        # ``request_head`` inlined (once per request), with the body joined into the same write.
+        pieces = [method, b" ", self.target, b" HTTP/1.1\r\nHost: ", self._pool.host_header]
+        for name, value in self.headers:
+            pieces += (b"\r\n", name, b": ", value)
+        if chunked:
+            pieces.append(b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        elif length is not None:
+            pieces.append(b"\r\nContent-Length: %d\r\n\r\n" % length)
+        else:
+            pieces.append(b"\r\n\r\n")
         if body:
             pieces.append(body)
         transport = conn.transport
@@ -310,17 +323,31 @@ class Exchange:
         self.status = status
         self.head_at = monotonic()
         request = self.request
-        close = self.server.will_close(request)
+        server = self.server  # (``will_close`` inlined)
+        close = not request.keep_alive or server.server.closing or server.refusing
         dechunk = False
         if framing is Framing.UNTIL_CLOSE:
             close = True  # the client, too, learns where the body ends from the connection closing
         elif framing is Framing.CHUNKED and request.version != "1.1":
             dechunk = close = True  # an HTTP/1.0 client does not read chunked framing
         self.close_after = close
-        self._head = relayed_head(head, self.extra_headers, keep_framing=not dechunk, close=close)
-        return dechunk
+        if close or self.extra_headers:
+            self._head = relayed_head(head, self.extra_headers, keep_framing=not dechunk, close=close)
+            return dechunk
+        # The usual answer: its head relayed as another answer with the same head was (see ``http1._FRAMINGS``).
+        relayed = _RELAYED_HEADS.get(head)
+        if relayed is None:
+            relayed = relayed_head(head)
+            if len(head) <= HEAD_REMEMBERED_BYTES:
+                if len(_RELAYED_HEADS) >= HEADS_REMEMBERED:
+                    _RELAYED_HEADS.clear()
+                _RELAYED_HEADS[head] = relayed
+        self._head = relayed
+        return False
 
     def answer_body(self, data: bytes) -> None:
+        if self._out is None:
+            self._out = []
         self._out.append(data)
 
     def answer_flush(self, data: bytes, *, complete: bool) -> None:
@@ -333,7 +360,7 @@ class Exchange:
             data = head + data if data else head
         if self._out:
             data += b"".join(self._out)
-            self._out.clear()
+            self._out = None
         if data:
             server = self.server  # (``ServerConnection.write`` inlined: once or more per answer)
             if not server.closed and server.transport is not None:
@@ -343,9 +370,20 @@ class Exchange:
             self.conn = None
             if conn is not None:
                 conn.release(request_sent=self.upload_done)
+            request = self.request
             if self.close_after:
-                self.request.keep_alive = False
-            self._end(None)
+                request.keep_alive = False
+            # ``_end(None)`` inlined: the usual way an exchange ends.
+            self.done = True
+            request.sink = request.on_gone = request.on_pause = None
+            in_flight = self._forwarder._in_flight
+            key = self.key
+            count = in_flight[key] - 1
+            if count:
+                in_flight[key] = count
+            else:
+                del in_flight[key]
+            self._on_done(self, None)
 
     def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
         if self.done:
@@ -353,7 +391,7 @@ class Exchange:
         self.conn = None
         request = self.request
         self._head = None
-        self._out.clear()
+        self._out = None
         if request.answering:
             # Too late for a status: the client's connection closes with the answer's framing unfinished, so it
             # cannot take the cut answer for a complete one.

@@ -66,6 +66,14 @@ class Framing(IntEnum):
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked[ \t]*\r\n")
 
 
+#: How many distinct answer heads ``_FRAMINGS`` (and the sink's own cache) remember before starting over: a
+#: model's heads differ by their Date (once a second) and whatever the model adds per answer.
+HEADS_REMEMBERED = 256
+#: Longer heads are worked out each time (so the caches stay under a megabyte together).
+HEAD_REMEMBERED_BYTES = 2048
+_FRAMINGS: dict[bytes, Framing] = {}
+
+
 def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
     """How the body of an answer with this ``status`` and ``head`` (as received) is delimited."""
     # (``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int and formats a TypeError each time.)
@@ -146,7 +154,7 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
 
-    def begin(self, sink: AnswerSink, *, head_only: bool, may_dechunk: bool = False) -> None:
+    def begin(self, sink: AnswerSink, head_only: bool, may_dechunk: bool = False) -> None:
         """Start reading a new answer for ``sink`` (the request is written next by the caller). ``may_dechunk``:
         the sink may ask for the body de-chunked (``answer_head``), so the parser must hand over its pieces."""
         if may_dechunk != self.parser_dechunks:  # (between answers: a fresh parser is in the same state)
@@ -244,7 +252,19 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         sink = self.sink
         assert sink is not None
         head = buffer[:end]
-        self.framing = framing_of(status, head, head_only=self.head_only)
+        if self.head_only:
+            self.framing = Framing.NONE
+        else:
+            # A model answers with the same head again and again (only its Date changes, once a second): its
+            # framing is looked up, not worked out (the head's hash, computed here, serves the sink's lookup too).
+            framing = _FRAMINGS.get(head)
+            if framing is None:
+                framing = framing_of(status, head, head_only=False)
+                if len(head) <= HEAD_REMEMBERED_BYTES:
+                    if len(_FRAMINGS) >= HEADS_REMEMBERED:
+                        _FRAMINGS.clear()
+                    _FRAMINGS[head] = framing
+            self.framing = framing
         self.dechunk = sink.answer_head(status, head, self.framing)
         if self.head_only:
             # A HEAD answer's length describes a body that never comes: the answer ends with its head, and the
@@ -432,7 +452,8 @@ def request_head(
     content_length: int | None,
     chunked: bool,
 ) -> list[bytes]:
-    """The request line and headers as wire pieces (join them, and the body, into one write).
+    """The request line and headers as wire pieces (join them, and the body, into one write): what the forwarding
+    exchange writes (``forwarding.Exchange._send`` builds the same pieces inline, once per request).
 
     ``headers`` are end-to-end headers only (no Host, Content-Length or Transfer-Encoding: set here).
     """

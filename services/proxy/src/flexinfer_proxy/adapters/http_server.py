@@ -45,6 +45,9 @@ LINGER = 2.0
 #: before the server stops reading from its client.
 BUFFER_WHILE_WAITING = 64 * 1024
 
+#: Request fields the server reads rather than only forwards.
+_READ_FIELDS = NOT_FORWARDED | {b"authorization"}
+
 _STATUS_REASONS = {
     200: b"OK",
     400: b"Bad Request",
@@ -263,17 +266,17 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
             self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
             raise _Refused
         lower = name.lower()
-        if lower in NOT_FORWARDED:
-            if lower == b"content-length":
-                request.content_length = int(value)  # llhttp checked it is one plain number
-            elif lower != b"host":
-                self._hop_header(request, lower, value)
-            return
-        if lower[:6] == b"proxy-":
+        if lower not in _READ_FIELDS:  # (one set lookup for the usual field, forwarded as it came)
+            if lower[:6] != b"proxy-":
+                request.headers.append((name, value))
             return
         if lower == b"authorization":
             request.authorization = value
-        request.headers.append((name, value))
+            request.headers.append((name, value))
+        elif lower == b"content-length":
+            request.content_length = int(value)  # llhttp checked it is one plain number
+        elif lower != b"host":
+            self._hop_header(request, lower, value)
 
     def _hop_header(self, request: Request, lower: bytes, value: bytes) -> None:
         if lower == b"transfer-encoding":

@@ -63,6 +63,26 @@ def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> No
     assert outcomes["flexinfer"].timed_out == 0 and max(outcomes["flexinfer"].waits["a"]) < 300
 
 
+def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> None:
+    """chat (100, idle timeout 10 min) answers a session until 60 s; an embedding batch (50) arrives at 40 s. The
+    seed's embed waits for chat's idle timeout; FlexInfer's gets the GPU once chat has been quiet for 30 s, and a
+    chat request during the batch waits only until embed is quiet in turn (no cooldown: chat was not preempted)."""
+    lines = trace(
+        {"model": "chat", "priority": 100, "loadSeconds": 20, "parkSeconds": 4, "idleTimeout": "10m"},
+        {"model": "embed", "priority": 50, "loadSeconds": 8, "parkSeconds": 4, "concurrency": 8},
+        *[{"at": 10 * i, "model": "chat", "serviceSeconds": 2} for i in range(7)],
+        *[{"at": 40 + i, "model": "embed", "serviceSeconds": 0.2} for i in range(10)],
+        {"at": 120, "model": "chat", "serviceSeconds": 2},
+    )
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900)).outcomes
+    flexinfer = outcomes["flexinfer"]
+    # chat's last request at 60 s answered by 62 s; quiet 30 s later, then a park (4 s) and a load (8 s)
+    assert max(flexinfer.waits["embed"]) <= 62 + 30 + 3 + 4 + 8 - 40
+    assert max(flexinfer.waits["chat"]) <= 30 + 3 + 4 + 20  # embed quiet, a reconcile, the park, chat's load
+    assert flexinfer.timed_out == 0 and flexinfer.killed == 0
+    assert min(outcomes["seed"].waits["embed"]) > max(flexinfer.waits["embed"])
+
+
 def test_a_drain_lets_requests_in_flight_finish_and_no_drain_kills_them() -> None:
     lines = trace(
         {"model": "a", "priority": 10, "loadSeconds": 5, "parkSeconds": 1},

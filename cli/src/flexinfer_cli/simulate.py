@@ -18,7 +18,7 @@ Policies, side by side:
 - ``seed``: the seed's exact v1alpha2: ``lastActiveTime`` moves only when a request for a model that is not serving
   triggers a scale-up (no activity from served requests, no refresh while requests wait), no bounded wait, no drain;
 - ``flexinfer``: FlexInfer's default v1alpha2 (demand renewed while requests wait, activity from served requests,
-  the bounded wait, the drain);
+  the bounded wait, the quiet yield between models of different priorities, the drain);
 - ``v1alpha1``: a GPUGroup with the seed's default policy (threshold 3, hysteresis 10 s, minimum run 30 s, ...);
 - ``offline``: a lower bound on the loads any policy needs to answer every request within the queue timeout
   (nothing is simulated).
@@ -165,8 +165,11 @@ class Policy:
     v1alpha1: V1Alpha1Policy | None = None
 
 
+#: the seed's exact v1alpha2 rules: FlexInfer's refinements (bounded wait, idle-aware fallback, quiet yield) off
+SEED_RULES = ElectionParams(bounded_wait=False, idle_aware_fallback=False, quiet_after=None)
+
 POLICIES: dict[str, Policy] = {
-    "seed": Policy("seed", ElectionParams(bounded_wait=False, idle_aware_fallback=False), True, timedelta(0), 3.0),
+    "seed": Policy("seed", SEED_RULES, True, timedelta(0), 3.0),
     "flexinfer": Policy("flexinfer", ElectionParams(), False, timedelta(seconds=60), 3.0),
     "v1alpha1": Policy("v1alpha1", ElectionParams(), False, timedelta(seconds=60), 5.0, V1Alpha1Policy()),
 }

@@ -15,9 +15,11 @@ from flexinfer_cli.simulate import (
     Settings,
     Simulation,
     TraceError,
+    as_json,
     offline_lower_bound,
     read_trace,
     render_svg,
+    render_table,
     simulate,
 )
 
@@ -44,6 +46,7 @@ def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -
     (waited,) = outcome.waits["b"]
     assert 90 <= waited <= 90 + 3 + 2 + 4 + 20  # maxWait, a reconcile period, the drain, the park, the load
     assert outcome.killed == 0  # a drained: its requests in flight finished
+    assert outcome.over_bound is not None and outcome.over_bound <= 3  # elected within a reconcile of the bound
 
 
 def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> None:
@@ -61,6 +64,28 @@ def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> No
     outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=300)).outcomes
     assert outcomes["seed"].timed_out == 1 and max(outcomes["seed"].waits["a"]) == 300
     assert outcomes["flexinfer"].timed_out == 0 and max(outcomes["flexinfer"].waits["a"]) < 300
+
+
+def test_the_table_shows_how_long_a_model_waited_past_its_bound() -> None:
+    """The same trace: a's bound is the later of its request + 2 min (260 s) and the end of the cooldown the swap to
+    b started (about 300 s); the seed never elects a (its request times out at 440 s), FlexInfer elects it within a
+    reconcile period of the bound."""
+    gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}
+    lines = trace(
+        {"model": "a", **gpu},
+        {"model": "b", **gpu},
+        {"at": 0, "model": "a", "serviceSeconds": 1},
+        {"at": 10, "model": "b", "serviceSeconds": 1},
+        {"at": 140, "model": "a", "serviceSeconds": 1},
+    )
+    comparison = simulate(read_trace(lines), ["seed", "flexinfer", "v1alpha1"], Settings(queue_timeout=300))
+    seed, flexinfer = comparison.outcomes["seed"], comparison.outcomes["flexinfer"]
+    assert seed.over_bound is not None and seed.over_bound >= 120
+    assert flexinfer.over_bound is not None and flexinfer.over_bound <= 3
+    assert comparison.outcomes["v1alpha1"].over_bound is None  # a GPUGroup has no bound
+    header, _, _, v1alpha1_row = render_table(comparison).splitlines()[:4]
+    assert header.split()[-2:] == ["OVER", "BOUND"] and v1alpha1_row.split()[-1] == "-"
+    assert as_json(comparison)["policies"]["flexinfer"]["overBoundSeconds"] <= 3
 
 
 def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> None:

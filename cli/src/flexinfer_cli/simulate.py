@@ -216,6 +216,10 @@ class Outcome:
     timed_out: int = 0  # 504
     killed: int = 0  # in flight when their model was stopped
     longest_wait: float = 0.0
+    # the longest a model of priority >= the holder's, with requests waiting, was still not elected after its bound
+    # (the later of its oldest request + maxWait and the end of the swap cooldown): FlexInfer's promise is ~0 (at
+    # most a reconcile period); the load that follows is not counted. None: a v1alpha1 group, which has no bound
+    over_bound: float | None = 0.0
     segments: list[Segment] = field(default_factory=list)
     depths: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     events: int = 0
@@ -266,10 +270,13 @@ class Simulation:
         self.ready_routes: set[str] = set()
         self.last_active: dict[str, float] = {}
         self.outcome = Outcome(policy.name, 0, waits={name: [] for name in trace.models})
+        if policy.v1alpha1 is not None:
+            self.outcome.over_bound = None
         self.outcome.depths = {name: [(0.0, 0)] for name in trace.models}
         self._last_account = 0.0
         self._passes = 0
         self._segment: tuple[str, str, float] | None = None
+        self._cooldown_end = 0.0
 
     # ---- the clock and the event queue ---------------------------------------------------------------------
     def at(self, when: float, kind: Event, payload: Any = None) -> None:
@@ -464,6 +471,7 @@ class Simulation:
             drain_timeout=self.policy.drain_timeout,
             drain_settle=timedelta(0),
         )
+        self._check_bound(snapshot, plan.active, plan.cooldown_remaining)
         self.snapshot = apply_plan(snapshot, plan)
         for command in plan.commands:
             self._apply(command.key.name, command.action, command.generation)
@@ -477,6 +485,24 @@ class Simulation:
         for name in ready:
             self._dispatch(name)
         return changed
+
+    def _check_bound(self, snapshot: GroupSnapshot, leader: ModelKey | None, cooldown: timedelta) -> None:
+        """Measure ``over_bound``: the models of priority >= the holder's whose oldest waiting request is older than
+        their maxWait (the election's default: the demand window), after the cooldown, and still not elected."""
+        if self.outcome.over_bound is None:
+            return
+        if cooldown > timedelta(0):
+            self._cooldown_end = self.now + cooldown.total_seconds()
+            return
+        holder = snapshot.member(snapshot.active)
+        default = self.policy.params.demand_window
+        for m in snapshot.members:
+            queue = self.queues[m.key.name]
+            if not queue or m.key == leader or (holder is not None and m.priority < holder.priority):
+                continue
+            bound = (m.max_wait if m.max_wait is not None else default).total_seconds()
+            late = self.now - max(queue[0].at + bound, self._cooldown_end)
+            self.outcome.over_bound = max(self.outcome.over_bound, late)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def _gpu_state(self) -> tuple[str, str] | None:
@@ -584,7 +610,7 @@ def _seconds(value: float | None) -> str:
 
 def render_table(comparison: Comparison) -> str:
     """The per-policy table, then queue waits per model (p50 / p95 / p99)."""
-    rows = [["POLICY", "SWAPS", "BUSY", "LOADING", "IDLE", "429", "504", "KILLED", "LONGEST WAIT"]]
+    rows = [["POLICY", "SWAPS", "BUSY", "LOADING", "IDLE", "429", "504", "KILLED", "LONGEST WAIT", "OVER BOUND"]]
     for name, o in comparison.outcomes.items():
         whole = o.busy + o.loading + o.idle
         rows.append(
@@ -598,10 +624,11 @@ def render_table(comparison: Comparison) -> str:
                 str(o.timed_out),
                 str(o.killed),
                 _seconds(o.longest_wait),
+                _seconds(o.over_bound),
             ]
         )
     if comparison.offline is not None:
-        rows.append([f"{OFFLINE} (lower bound)", str(comparison.offline), *["-"] * 7])
+        rows.append([f"{OFFLINE} (lower bound)", str(comparison.offline), *["-"] * 8])
     lines = _columns(rows)
     if comparison.outcomes:
         lines.append("")
@@ -639,6 +666,7 @@ def as_json(comparison: Comparison) -> dict[str, Any]:
             "timedOut504": o.timed_out,
             "killed": o.killed,
             "longestWaitSeconds": round(o.longest_wait, 3),
+            "overBoundSeconds": None if o.over_bound is None else round(o.over_bound, 3),
             "waitSeconds": {
                 model: {f"p{q}": o.percentile(model, q) for q in (50, 95, 99)} for model in comparison.trace.models
             },

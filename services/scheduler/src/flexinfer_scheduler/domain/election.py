@@ -245,10 +245,11 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
     # GPU (the longest-waiting first among equal priorities). Only requests that still wait count: a busy model is
     # not preempted for a demand nobody waits on any more. Queue order favours the loaded model within the bound:
-    # no other path swaps away from a model with requests queued or in flight (stage 3 wants it idle, the quiet
-    # yield quiet), so it answers its burst, backlog included, first; at the bound the challenger goes first
-    # whatever the loaded model still has queued (that backlog then waits with its own bound), else a model whose
-    # queue never empties would hold the GPU for ever.
+    # no other path swaps away from a model with requests queued (stage 3 wants it asked by nobody for the demand
+    # window, the quiet yield wants it quiet), so it answers its burst, backlog included, first; at the bound the
+    # challenger goes first whatever the loaded model still has queued (that backlog then waits with its own
+    # bound), else a model whose queue never empties would hold the GPU for ever. Every swap drains what is in
+    # flight.
     if ready is not None:
         overdue = [
             m

@@ -137,7 +137,7 @@ CASES = [
         ),
         "a",
         ElectionReason.READY,
-        id="lower-priority-never-preempts-even-idle-incumbent",
+        id="lower-priority-demand-never-preempts-even-idle-incumbent",
     ),
     pytest.param(
         group(
@@ -340,12 +340,22 @@ BOUNDED_WAIT = [
     pytest.param(
         group(
             dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=5)),
+            model("b", active=ago(seconds=1), waiting=timedelta(seconds=119)),
             active="a",
         ),
         "a",
         ElectionReason.READY,
-        id="bounded-wait-loaded-model-first-serves-the-requests-that-waited-for-it",
+        id="queue-order-loaded-model-serves-its-backlog-within-the-bound",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
+            model("b", active=ago(seconds=1), waiting=timedelta(minutes=2)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="queue-order-ends-at-the-bound-whatever-the-loaded-model-still-has-queued",
     ),
     pytest.param(
         group(
@@ -382,6 +392,117 @@ BOUNDED_WAIT = [
 ]
 
 
+QUIET = ago(seconds=30)  # the holder's last request: quiet_after (30 s) ago
+
+# FlexInfer's quiet yield: "busy" for the priority gate means answering, queued or asked within quiet_after (30 s).
+# A quiet holder is parked as for its idle timeout when requests wait for a model of another priority.
+QUIET_YIELD = [
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=QUIET),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.QUIET_YIELD,
+        id="quiet-yield-lower-priority-gets-a-quiet-gpu",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(seconds=29)),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-lower-priority-never-preempts-a-holder-asked-within-30s",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", priority=100, ready=True, active=ago(minutes=10)), in_flight=1),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-lower-priority-never-preempts-a-holder-answering-a-request",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=10)),
+            model("b", priority=50, active=ago(seconds=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-needs-requests-waiting-not-only-a-demand-signal",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, ready_since=ago(seconds=10)),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-a-holder-never-asked-is-quiet-30s-after-its-load",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=QUIET),
+            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(seconds=5)),
+            model("c", priority=100, preempted=ago(minutes=1)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.QUIET_YIELD,
+        id="quiet-yield-ignores-the-swap-cooldown-as-an-idle-timeout-does",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=50, ready=True, active=QUIET),
+            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=10)),
+            active="a",
+        ),
+        "b",
+        ElectionReason.QUIET_YIELD,
+        id="quiet-yield-higher-priority-takes-the-gpu-back-from-a-quiet-guest",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=1)),
+            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=30)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-never-between-peers-the-seeds-rules-and-the-bound-decide",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=ago(minutes=1)),
+            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=30)),
+            model("c", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=4)),
+            active="a",
+        ),
+        "a",
+        ElectionReason.READY,
+        id="quiet-yield-not-when-a-peer-of-the-holder-is-first-in-line",
+    ),
+    pytest.param(
+        group(
+            model("a", priority=100, ready=True, active=QUIET),
+            model("b", priority=10, active=ago(seconds=1), waiting=timedelta(minutes=4)),
+            model("c", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
+            active="a",
+        ),
+        "c",
+        ElectionReason.QUIET_YIELD,
+        id="quiet-yield-highest-priority-waiting-first",
+    ),
+]
+
+
 FALLBACK = [
     pytest.param(
         group(
@@ -404,7 +525,7 @@ FALLBACK = [
 ]
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + FALLBACK)
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + QUIET_YIELD + FALLBACK)
 def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     election = choose_shared_group_leader(snapshot, NOW, PARAMS)
     assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
@@ -428,4 +549,27 @@ def test_the_seeds_exact_rules_never_preempt_a_busy_leader() -> None:
         model("a", ready=True, active=BUSY), model("b", active=ago(seconds=1), waiting=timedelta(hours=1)), active="a"
     )
     election = choose_shared_group_leader(snapshot, NOW, ElectionParams(bounded_wait=False))
+    assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)
+
+
+def test_a_quiet_yield_parks_the_holder_as_its_idle_timeout_would() -> None:
+    """The yielded holder is listed with the idle-expired members: it is parked, not preempted (no cooldown), and
+    is left out until a request names it again."""
+    snapshot = group(
+        model("a", priority=100, ready=True, active=QUIET),
+        model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
+        active="a",
+    )
+    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    assert election.idle_expired == (ModelKey("default", "a"),)
+
+
+def test_the_seeds_exact_rules_never_yield_a_quiet_leader() -> None:
+    """With quiet_after None (the seed's rules), a lower-priority model waits for the idle timeout."""
+    snapshot = group(
+        model("a", priority=100, ready=True, active=ago(minutes=10)),
+        model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
+        active="a",
+    )
+    election = choose_shared_group_leader(snapshot, NOW, ElectionParams(bounded_wait=False, quiet_after=None))
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)

@@ -15,9 +15,11 @@ from flexinfer_cli.simulate import (
     Settings,
     Simulation,
     TraceError,
+    as_json,
     offline_lower_bound,
     read_trace,
     render_svg,
+    render_table,
     simulate,
 )
 
@@ -44,6 +46,7 @@ def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -
     (waited,) = outcome.waits["b"]
     assert 90 <= waited <= 90 + 3 + 2 + 4 + 20  # maxWait, a reconcile period, the drain, the park, the load
     assert outcome.killed == 0  # a drained: its requests in flight finished
+    assert outcome.over_bound is not None and outcome.over_bound <= 3  # elected within a reconcile of the bound
 
 
 def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> None:
@@ -61,6 +64,48 @@ def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> No
     outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=300)).outcomes
     assert outcomes["seed"].timed_out == 1 and max(outcomes["seed"].waits["a"]) == 300
     assert outcomes["flexinfer"].timed_out == 0 and max(outcomes["flexinfer"].waits["a"]) < 300
+
+
+def test_the_table_shows_how_long_a_model_waited_past_its_bound() -> None:
+    """The same trace: a's bound is the later of its request + 2 min (260 s) and the end of the cooldown the swap to
+    b started (about 300 s); the seed never elects a (its request times out at 440 s), FlexInfer elects it within a
+    reconcile period of the bound."""
+    gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}
+    lines = trace(
+        {"model": "a", **gpu},
+        {"model": "b", **gpu},
+        {"at": 0, "model": "a", "serviceSeconds": 1},
+        {"at": 10, "model": "b", "serviceSeconds": 1},
+        {"at": 140, "model": "a", "serviceSeconds": 1},
+    )
+    comparison = simulate(read_trace(lines), ["seed", "flexinfer", "v1alpha1"], Settings(queue_timeout=300))
+    seed, flexinfer = comparison.outcomes["seed"], comparison.outcomes["flexinfer"]
+    assert seed.over_bound is not None and seed.over_bound >= 120
+    assert flexinfer.over_bound is not None and flexinfer.over_bound <= 3
+    assert comparison.outcomes["v1alpha1"].over_bound is None  # a GPUGroup has no bound
+    header, _, _, v1alpha1_row = render_table(comparison).splitlines()[:4]
+    assert header.split()[-2:] == ["OVER", "BOUND"] and v1alpha1_row.split()[-1] == "-"
+    assert as_json(comparison)["policies"]["flexinfer"]["overBoundSeconds"] <= 3
+
+
+def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> None:
+    """chat (100, idle timeout 10 min) answers a session until 60 s; an embedding batch (50) arrives at 40 s. The
+    seed's embed waits for chat's idle timeout; FlexInfer's gets the GPU once chat has been quiet for 30 s, and a
+    chat request during the batch waits only until embed is quiet in turn (no cooldown: chat was not preempted)."""
+    lines = trace(
+        {"model": "chat", "priority": 100, "loadSeconds": 20, "parkSeconds": 4, "idleTimeout": "10m"},
+        {"model": "embed", "priority": 50, "loadSeconds": 8, "parkSeconds": 4, "concurrency": 8},
+        *[{"at": 10 * i, "model": "chat", "serviceSeconds": 2} for i in range(7)],
+        *[{"at": 40 + i, "model": "embed", "serviceSeconds": 0.2} for i in range(10)],
+        {"at": 120, "model": "chat", "serviceSeconds": 2},
+    )
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900)).outcomes
+    flexinfer = outcomes["flexinfer"]
+    # chat's last request at 60 s answered by 62 s; quiet 30 s later, then a park (4 s) and a load (8 s)
+    assert max(flexinfer.waits["embed"]) <= 62 + 30 + 3 + 4 + 8 - 40
+    assert max(flexinfer.waits["chat"]) <= 30 + 3 + 4 + 20  # embed quiet, a reconcile, the park, chat's load
+    assert flexinfer.timed_out == 0 and flexinfer.killed == 0
+    assert min(outcomes["seed"].waits["embed"]) > max(flexinfer.waits["embed"])
 
 
 def test_a_drain_lets_requests_in_flight_finish_and_no_drain_kills_them() -> None:

@@ -132,3 +132,51 @@ def test_a_crash_after_ready_is_restarted_no_sooner_than_the_backoff() -> None:
 
     assert activates(NOW) == []  # 3 s after its last start: wait
     assert activates(started + timedelta(seconds=10)) == [(A, 2)]  # then a fresh activate
+
+
+def with_member(snapshot: GroupSnapshot, key: ModelKey, **fields: object) -> GroupSnapshot:
+    members = tuple(dataclasses.replace(m, **fields) if m.key == key else m for m in snapshot.members)  # type: ignore[arg-type]
+    return dataclasses.replace(snapshot, members=members)
+
+
+def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -> None:
+    """A lower-priority model's requests wait while the higher-priority holder answered nothing for 30 s: the holder
+    is parked as for its idle timeout (no preemption, so no cooldown holds the guest), and its next request brings
+    it back as soon as the guest is quiet in turn."""
+    chat = Member(
+        A,
+        priority=100,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Ready",
+        ready_since=NOW - timedelta(minutes=10),
+        last_active_time=NOW - timedelta(seconds=30),
+    )
+    embed = Member(B, priority=50, last_active_time=NOW, queued=60, demand_since=NOW - timedelta(seconds=20))
+    snapshot = GroupSnapshot("gpu", (chat, embed), active=A, leader_since=NOW - timedelta(minutes=10))
+
+    first = plan(snapshot)
+    assert first.active == B and [(c.key, c.action) for c in first.commands] == [(A, ScaleAction.PARK)]
+    assert first.members[A].preempted_at is None and first.members[A].idle_parked_at == NOW
+    (created,) = first.swap_updates
+    assert created.swap.reason == SwapReason.IDLE_TIMEOUT
+    assert first.cooldown_remaining == timedelta(0)
+
+    # the guest is Ready at +20 s and answers the batch; chat is left out until it is asked again
+    snapshot = report(apply(snapshot, first), A, RuntimePhase.PARKED)
+    snapshot = report(apply(snapshot, plan(snapshot, NOW + timedelta(seconds=1))), B, RuntimePhase.READY)
+    snapshot = with_member(snapshot, B, queued=0, last_active_time=NOW + timedelta(seconds=9))
+    served = plan(snapshot, NOW + timedelta(seconds=20))
+    assert served.active == B and served.statuses[A].phase == ModelPhase.IDLE
+    snapshot = apply(snapshot, served)
+
+    # a chat request at +25 s: chat waits while the guest is within 30 s of its load or its last request, then
+    # takes the GPU back (no 5-minute cooldown holds it out)
+    asked = NOW + timedelta(seconds=25)
+    snapshot = with_member(snapshot, A, queued=1, last_active_time=asked)
+    waiting = plan(snapshot, asked)
+    assert waiting.active == B
+    assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=49)).active == B
+    back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=50))
+    assert back.active == A and back.election.reason == "quiet-yield"

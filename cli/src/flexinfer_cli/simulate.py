@@ -18,7 +18,7 @@ Policies, side by side:
 - ``seed``: the seed's exact v1alpha2: ``lastActiveTime`` moves only when a request for a model that is not serving
   triggers a scale-up (no activity from served requests, no refresh while requests wait), no bounded wait, no drain;
 - ``flexinfer``: FlexInfer's default v1alpha2 (demand renewed while requests wait, activity from served requests,
-  the bounded wait, the drain);
+  the bounded wait, the quiet yield between models of different priorities, the drain);
 - ``v1alpha1``: a GPUGroup with the seed's default policy (threshold 3, hysteresis 10 s, minimum run 30 s, ...);
 - ``offline``: a lower bound on the loads any policy needs to answer every request within the queue timeout
   (nothing is simulated).
@@ -165,8 +165,11 @@ class Policy:
     v1alpha1: V1Alpha1Policy | None = None
 
 
+#: the seed's exact v1alpha2 rules: FlexInfer's refinements (bounded wait, idle-aware fallback, quiet yield) off
+SEED_RULES = ElectionParams(bounded_wait=False, idle_aware_fallback=False, quiet_after=None)
+
 POLICIES: dict[str, Policy] = {
-    "seed": Policy("seed", ElectionParams(bounded_wait=False, idle_aware_fallback=False), True, timedelta(0), 3.0),
+    "seed": Policy("seed", SEED_RULES, True, timedelta(0), 3.0),
     "flexinfer": Policy("flexinfer", ElectionParams(), False, timedelta(seconds=60), 3.0),
     "v1alpha1": Policy("v1alpha1", ElectionParams(), False, timedelta(seconds=60), 5.0, V1Alpha1Policy()),
 }
@@ -213,6 +216,10 @@ class Outcome:
     timed_out: int = 0  # 504
     killed: int = 0  # in flight when their model was stopped
     longest_wait: float = 0.0
+    # the longest a model of priority >= the holder's, with requests waiting, was still not elected after its bound
+    # (the later of its oldest request + maxWait and the end of the swap cooldown): FlexInfer's promise is ~0 (at
+    # most a reconcile period); the load that follows is not counted. None: a v1alpha1 group, which has no bound
+    over_bound: float | None = 0.0
     segments: list[Segment] = field(default_factory=list)
     depths: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     events: int = 0
@@ -263,10 +270,13 @@ class Simulation:
         self.ready_routes: set[str] = set()
         self.last_active: dict[str, float] = {}
         self.outcome = Outcome(policy.name, 0, waits={name: [] for name in trace.models})
+        if policy.v1alpha1 is not None:
+            self.outcome.over_bound = None
         self.outcome.depths = {name: [(0.0, 0)] for name in trace.models}
         self._last_account = 0.0
         self._passes = 0
         self._segment: tuple[str, str, float] | None = None
+        self._cooldown_end = 0.0
 
     # ---- the clock and the event queue ---------------------------------------------------------------------
     def at(self, when: float, kind: Event, payload: Any = None) -> None:
@@ -461,6 +471,7 @@ class Simulation:
             drain_timeout=self.policy.drain_timeout,
             drain_settle=timedelta(0),
         )
+        self._check_bound(snapshot, plan.active, plan.cooldown_remaining)
         self.snapshot = apply_plan(snapshot, plan)
         for command in plan.commands:
             self._apply(command.key.name, command.action, command.generation)
@@ -474,6 +485,24 @@ class Simulation:
         for name in ready:
             self._dispatch(name)
         return changed
+
+    def _check_bound(self, snapshot: GroupSnapshot, leader: ModelKey | None, cooldown: timedelta) -> None:
+        """Measure ``over_bound``: the models of priority >= the holder's whose oldest waiting request is older than
+        their maxWait (the election's default: the demand window), after the cooldown, and still not elected."""
+        if self.outcome.over_bound is None:
+            return
+        if cooldown > timedelta(0):
+            self._cooldown_end = self.now + cooldown.total_seconds()
+            return
+        holder = snapshot.member(snapshot.active)
+        default = self.policy.params.demand_window
+        for m in snapshot.members:
+            queue = self.queues[m.key.name]
+            if not queue or m.key == leader or (holder is not None and m.priority < holder.priority):
+                continue
+            bound = (m.max_wait if m.max_wait is not None else default).total_seconds()
+            late = self.now - max(queue[0].at + bound, self._cooldown_end)
+            self.outcome.over_bound = max(self.outcome.over_bound, late)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def _gpu_state(self) -> tuple[str, str] | None:
@@ -581,7 +610,7 @@ def _seconds(value: float | None) -> str:
 
 def render_table(comparison: Comparison) -> str:
     """The per-policy table, then queue waits per model (p50 / p95 / p99)."""
-    rows = [["POLICY", "SWAPS", "BUSY", "LOADING", "IDLE", "429", "504", "KILLED", "LONGEST WAIT"]]
+    rows = [["POLICY", "SWAPS", "BUSY", "LOADING", "IDLE", "429", "504", "KILLED", "LONGEST WAIT", "OVER BOUND"]]
     for name, o in comparison.outcomes.items():
         whole = o.busy + o.loading + o.idle
         rows.append(
@@ -595,10 +624,11 @@ def render_table(comparison: Comparison) -> str:
                 str(o.timed_out),
                 str(o.killed),
                 _seconds(o.longest_wait),
+                _seconds(o.over_bound),
             ]
         )
     if comparison.offline is not None:
-        rows.append([f"{OFFLINE} (lower bound)", str(comparison.offline), *["-"] * 7])
+        rows.append([f"{OFFLINE} (lower bound)", str(comparison.offline), *["-"] * 8])
     lines = _columns(rows)
     if comparison.outcomes:
         lines.append("")
@@ -636,6 +666,7 @@ def as_json(comparison: Comparison) -> dict[str, Any]:
             "timedOut504": o.timed_out,
             "killed": o.killed,
             "longestWaitSeconds": round(o.longest_wait, 3),
+            "overBoundSeconds": None if o.over_bound is None else round(o.over_bound, 3),
             "waitSeconds": {
                 model: {f"p{q}": o.percentile(model, q) for q in (50, 95, 99)} for model in comparison.trace.models
             },

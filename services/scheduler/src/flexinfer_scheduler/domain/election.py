@@ -9,6 +9,15 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
    priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
+FlexInfer's quiet yield (before stage 1): a model that holds the GPU but is quiet — nothing in flight, nothing queued,
+no request for ``quiet_after`` (30 s, about one model load) — is parked as for its idle timeout when requests wait
+for a model of another priority: a lower-priority model gets the GPU then (the seed's "wait for the active model to
+scale to zero via idle timeout", without the minutes of an idle GPU), and a higher-priority model gets it back from
+a quiet lower-priority one. It is no preemption (no cooldown starts; the yielded model comes back at its next
+request by the rules above). "Busy" for the priority gate thus means: answering, queued, or asked within
+``quiet_after``. Between models of the same priority the seed's rules and the bounded wait decide (a quiet yield
+between peers would swap at every lull of two overlapping bursts: the seed's "Continuous Swap Loop").
+
 Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
 forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
 that failed to load, until a request or demand names it again (``lastActiveTime`` after the park or failure).
@@ -40,6 +49,7 @@ class ElectionReason(StrEnum):
     COOLDOWN = "cooldown"
     DEMAND = "demand"
     MAX_WAIT = "max-wait"
+    QUIET_YIELD = "quiet-yield"
     HYSTERESIS = "hysteresis"
     READY = "ready"
     RECENT = "recent"
@@ -59,6 +69,10 @@ class ElectionParams:
     bounded_wait: bool = True
     # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
     idle_aware_fallback: bool = True
+    # The quiet yield: how long the holder must have had no request (and none in flight or queued) before it yields
+    # to a waiting model of another priority. About one model load (the seed's ~28 s): a holder idle that long has
+    # lost at least what the reload will cost it should its next request come at once. None: never (the seed).
+    quiet_after: timedelta | None = timedelta(seconds=30)
 
     def max_wait(self, member: Member) -> timedelta | None:
         if not self.bounded_wait:
@@ -146,6 +160,30 @@ def _is_idle(member: Member, now: datetime, window: timedelta) -> bool:
     return member.last_active_time is None or now - member.last_active_time > window
 
 
+def is_quiet(member: Member, now: datetime, after: timedelta) -> bool:
+    """Serving nobody: nothing in flight or queued, and no request (or, if none since, no load) for ``after``."""
+    if member.in_flight or member.queued:
+        return False
+    since = idle_reference(member)
+    return since is None or now - since >= after
+
+
+def quiet_yield(
+    active: Member | None, candidates: list[Member], now: datetime, params: ElectionParams
+) -> Member | None:
+    """The waiting model that takes the GPU from a quiet holder, if any: the first in line (highest priority, then
+    the longest waiting) among the members with requests queued, unless it is the holder's peer (same priority)."""
+    if params.quiet_after is None or active is None or active not in candidates or not active.ready:
+        return None
+    if not is_quiet(active, now, params.quiet_after):
+        return None
+    waiting = [m for m in candidates if m is not active and m.queued > 0]
+    if not waiting:
+        return None
+    first = min(waiting, key=lambda m: (-m.priority, m.demand_since or now, rank(m)))
+    return first if first.priority != active.priority else None
+
+
 def _forced(snapshot: GroupSnapshot) -> Member | None:
     forced = [m for m in snapshot.members if m.force_promotion]
     if forced:
@@ -177,6 +215,12 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     expired, candidates = first
 
     active = snapshot.member(snapshot.active)
+    # The quiet yield: the holder is parked as for its idle timeout (listed with the expired ones), so it is not
+    # preempted (no cooldown) and comes back only once asked again. It ignores the cooldown as an idle park does.
+    taker = quiet_yield(active, candidates, now, params)
+    if taker is not None and active is not None:
+        return Election(taker.key, ElectionReason.QUIET_YIELD, (*expired, active.key))
+
     # Stage 1: anti-thrashing.
     if active is not None and active in candidates and cooldown_remaining(snapshot, now, params) > timedelta(0):
         return Election(active.key, ElectionReason.COOLDOWN, expired)
@@ -199,11 +243,14 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     ):
         return Election(demanded.key, ElectionReason.DEMAND, expired)
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
-    # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
-    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
-    # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
-    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing.
-    if ready is not None and ready.queued == 0:
+    # GPU (the longest-waiting first among equal priorities). Only requests that still wait count: a busy model is
+    # not preempted for a demand nobody waits on any more. Queue order favours the loaded model within the bound:
+    # no other path swaps away from a model with requests queued (stage 3 wants it asked by nobody for the demand
+    # window, the quiet yield wants it quiet), so it answers its burst, backlog included, first; at the bound the
+    # challenger goes first whatever the loaded model still has queued (that backlog then waits with its own
+    # bound), else a model whose queue never empties would hold the GPU for ever. Every swap drains what is in
+    # flight.
+    if ready is not None:
         overdue = [
             m
             for m in candidates

@@ -98,7 +98,10 @@ def status_views(
             phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
             failure = message
         elif m.idle_parked_at is not None and not is_eligible(m):
-            phase, message = ModelPhase.IDLE, "parked after its idle timeout"
+            phase, message = (
+                ModelPhase.IDLE,
+                "parked while idle (its idle timeout, or quiet while another model waited)",
+            )
         elif not m.parked and draining and m.ready:
             phase, message = ModelPhase.DRAINING, f"draining for {target} ({m.in_flight} in flight)"
         elif not m.parked:

@@ -393,9 +393,11 @@ BOUNDED_WAIT = [
 
 
 QUIET = ago(seconds=30)  # the holder's last request: quiet_after (30 s) ago
+YIELD_PARAMS = dataclasses.replace(PARAMS, quiet_after=timedelta(seconds=30))  # FLEXINFER_QUIET_YIELD=30s
 
-# FlexInfer's quiet yield: "busy" for the priority gate means answering, queued or asked within quiet_after (30 s).
-# A quiet holder is parked as for its idle timeout when requests wait for a model of another priority.
+# FlexInfer's quiet yield (opt-in, FLEXINFER_QUIET_YIELD; here 30 s): "busy" for the priority gate then means
+# answering, queued or asked within quiet_after. A quiet holder is parked as for its idle timeout when requests wait
+# for a model of another priority.
 QUIET_YIELD = [
     pytest.param(
         group(
@@ -525,9 +527,15 @@ FALLBACK = [
 ]
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + QUIET_YIELD + FALLBACK)
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES + BOUNDED_WAIT + FALLBACK)
 def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), QUIET_YIELD)
+def test_the_quiet_yield_when_configured(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
+    election = choose_shared_group_leader(snapshot, NOW, YIELD_PARAMS)
     assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
 
 
@@ -560,16 +568,18 @@ def test_a_quiet_yield_parks_the_holder_as_its_idle_timeout_would() -> None:
         model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
         active="a",
     )
-    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    election = choose_shared_group_leader(snapshot, NOW, YIELD_PARAMS)
     assert election.idle_expired == (ModelKey("default", "a"),)
 
 
-def test_the_seeds_exact_rules_never_yield_a_quiet_leader() -> None:
-    """With quiet_after None (the seed's rules), a lower-priority model waits for the idle timeout."""
+@pytest.mark.parametrize("params", [PARAMS, ElectionParams(bounded_wait=False)], ids=["default", "seed"])
+def test_without_the_quiet_yield_lower_priority_never_takes_a_quiet_leaders_gpu(params: ElectionParams) -> None:
+    """By default (FLEXINFER_QUIET_YIELD unset), as in the seed's "Lower-Priority Model Never Activates", a
+    lower-priority model waits for the holder's idle timeout, however long the holder has been idle."""
     snapshot = group(
         model("a", priority=100, ready=True, active=ago(minutes=10)),
         model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
         active="a",
     )
-    election = choose_shared_group_leader(snapshot, NOW, ElectionParams(bounded_wait=False, quiet_after=None))
+    election = choose_shared_group_leader(snapshot, NOW, params)
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)

@@ -88,10 +88,13 @@ def test_the_table_shows_how_long_a_model_waited_past_its_bound() -> None:
     assert as_json(comparison)["policies"]["flexinfer"]["overBoundSeconds"] <= 3
 
 
-def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> None:
+def test_with_the_quiet_yield_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> (
+    None
+):
     """chat (100, idle timeout 10 min) answers a session until 60 s; an embedding batch (50) arrives at 40 s. The
-    seed's embed waits for chat's idle timeout; FlexInfer's gets the GPU once chat has been quiet for 30 s, and a
-    chat request during the batch waits only until embed is quiet in turn (no cooldown: chat was not preempted)."""
+    seed's embed, and FlexInfer's by default, wait for chat's idle timeout; with ``--quiet-yield 30s`` embed gets the
+    GPU once chat has been quiet for 30 s, and a chat request during the batch waits only until embed is quiet in
+    turn (no cooldown: chat was not preempted)."""
     lines = trace(
         {"model": "chat", "priority": 100, "loadSeconds": 20, "parkSeconds": 4, "idleTimeout": "10m"},
         {"model": "embed", "priority": 50, "loadSeconds": 8, "parkSeconds": 4, "concurrency": 8},
@@ -99,7 +102,9 @@ def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_g
         *[{"at": 40 + i, "model": "embed", "serviceSeconds": 0.2} for i in range(10)],
         {"at": 120, "model": "chat", "serviceSeconds": 2},
     )
-    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900)).outcomes
+    default = simulate(read_trace(lines), ["flexinfer"], Settings(queue_timeout=900)).outcomes["flexinfer"]
+    assert min(default.waits["embed"]) >= 62 + 10 * 60 - 40 - 3  # after chat's idle timeout (10 min), as the seed
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900, quiet_yield=30)).outcomes
     flexinfer = outcomes["flexinfer"]
     # chat's last request at 60 s answered by 62 s; quiet 30 s later, then a park (4 s) and a load (8 s)
     assert max(flexinfer.waits["embed"]) <= 62 + 30 + 3 + 4 + 8 - 40
@@ -167,3 +172,18 @@ def test_cli_prints_the_table_writes_the_picture_and_refuses_a_bad_trace(tmp_pat
     assert refused.exit_code == 2 and "bad.jsonl line 1" in refused.output
     unknown = runner.invoke(app, ["simulate", str(bad), "--policy", "magic"])
     assert unknown.exit_code == 2 and "unknown policy magic" in unknown.output
+
+
+def test_cli_quiet_yield_is_the_schedulers_setting_for_the_flexinfer_policy(tmp_path: Path) -> None:
+    """``--quiet-yield`` plays FLEXINFER_QUIET_YIELD: on the homelab day the embedding batches (priority 50) get
+    the GPU in the chat and code models' quiet moments instead of waiting for their idle timeout."""
+    runner = CliRunner()
+    homelab = str(EXAMPLES / "homelab-day.jsonl")
+    runs = {
+        flag: json.loads(runner.invoke(app, ["simulate", homelab, "-p", "flexinfer", "-o", "json", *flag]).output)
+        for flag in ((), ("--quiet-yield", "30s"))
+    }
+    default, yielding = (runs[f]["policies"]["flexinfer"] for f in ((), ("--quiet-yield", "30s")))
+    assert yielding["waitSeconds"]["embed"]["p95"] < default["waitSeconds"]["embed"]["p95"] / 2
+    refused = runner.invoke(app, ["simulate", homelab, "--quiet-yield", "soon"])
+    assert refused.exit_code == 2 and "soon" in refused.output

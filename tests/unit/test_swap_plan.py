@@ -15,11 +15,12 @@ A, B = ModelKey("default", "a"), ModelKey("default", "b")
 RETRY = timedelta(seconds=10)
 
 
-def plan(snapshot: GroupSnapshot, now: datetime = NOW) -> GroupPlan:
-    return plan_group(snapshot, now, ElectionParams(), command_retry=RETRY, new_swap_id="s1")
+def plan(snapshot: GroupSnapshot, now: datetime = NOW, params: ElectionParams | None = None) -> GroupPlan:
+    return plan_group(snapshot, now, params or ElectionParams(), command_retry=RETRY, new_swap_id="s1")
 
 
 apply = apply_plan
+YIELD = ElectionParams(quiet_after=timedelta(seconds=30))  # FLEXINFER_QUIET_YIELD=30s
 
 
 def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase) -> GroupSnapshot:
@@ -140,7 +141,8 @@ def with_member(snapshot: GroupSnapshot, key: ModelKey, **fields: object) -> Gro
 
 
 def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -> None:
-    """A lower-priority model's requests wait while the higher-priority holder answered nothing for 30 s: the holder
+    """With FLEXINFER_QUIET_YIELD=30s: a lower-priority model's requests wait while the higher-priority holder
+    answered nothing for 30 s: the holder
     is parked as for its idle timeout (no preemption, so no cooldown holds the guest), and its next request brings
     it back as soon as the guest is quiet in turn."""
     chat = Member(
@@ -156,7 +158,7 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     embed = Member(B, priority=50, last_active_time=NOW, queued=60, demand_since=NOW - timedelta(seconds=20))
     snapshot = GroupSnapshot("gpu", (chat, embed), active=A, leader_since=NOW - timedelta(minutes=10))
 
-    first = plan(snapshot)
+    first = plan(snapshot, params=YIELD)
     assert first.active == B and [(c.key, c.action) for c in first.commands] == [(A, ScaleAction.PARK)]
     assert first.members[A].preempted_at is None and first.members[A].idle_parked_at == NOW
     (created,) = first.swap_updates
@@ -165,9 +167,9 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
 
     # the guest is Ready at +20 s and answers the batch; chat is left out until it is asked again
     snapshot = report(apply(snapshot, first), A, RuntimePhase.PARKED)
-    snapshot = report(apply(snapshot, plan(snapshot, NOW + timedelta(seconds=1))), B, RuntimePhase.READY)
+    snapshot = report(apply(snapshot, plan(snapshot, NOW + timedelta(seconds=1), params=YIELD)), B, RuntimePhase.READY)
     snapshot = with_member(snapshot, B, queued=0, last_active_time=NOW + timedelta(seconds=9))
-    served = plan(snapshot, NOW + timedelta(seconds=20))
+    served = plan(snapshot, NOW + timedelta(seconds=20), params=YIELD)
     assert served.active == B and served.statuses[A].phase == ModelPhase.IDLE
     snapshot = apply(snapshot, served)
 
@@ -175,8 +177,8 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     # takes the GPU back (no 5-minute cooldown holds it out)
     asked = NOW + timedelta(seconds=25)
     snapshot = with_member(snapshot, A, queued=1, last_active_time=asked)
-    waiting = plan(snapshot, asked)
+    waiting = plan(snapshot, asked, params=YIELD)
     assert waiting.active == B
-    assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=49)).active == B
-    back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=50))
+    assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=49), params=YIELD).active == B
+    back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=50), params=YIELD)
     assert back.active == A and back.election.reason == "quiet-yield"

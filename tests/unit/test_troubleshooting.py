@@ -6,6 +6,7 @@ no scheduler logic behind it, so it has no test here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,14 +14,12 @@ from datetime import datetime, timedelta
 import pytest
 
 from flexinfer_common.enums import ModelPhase, RuntimePhase, SharedState
-from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from tests.unit.test_scheduler_properties import START, TICK, Process, Sim, member
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
 HOUR = timedelta(hours=1)
 QUEUE_TIMEOUT = timedelta(minutes=5)  # FLEXINFER_QUEUE_TIMEOUT: a request waits this long, then gets 504
-QUIET_AFTER = ElectionParams().quiet_after or timedelta(0)  # a holder asked within this long is busy
 
 
 @dataclass
@@ -144,13 +143,15 @@ def test_rollout_restart_of_a_crashed_model_keeps_its_failure_out_of_the_queue()
 # ---- Lower-Priority Model Never Activates ---------------------------------------------------------------------
 
 
-def test_lower_priority_model_never_activates() -> None:
-    """By design a lower-priority model waits while a higher-priority one is busy (answering, or asked within the
-    last 30 s); FlexInfer does not leave the GPU idle for the higher one's whole idle timeout (the seed's fix, "wait
-    for the active model to scale to zero via idle timeout"): once it has been quiet for 30 s while the lower one's
-    requests wait, it is parked as for its idle timeout. The group does not flap: the parked model is not re-elected
-    until a request names it again (then it wins back the GPU, being higher priority)."""
+@pytest.mark.parametrize("quiet_yield", [None, timedelta(seconds=30)], ids=["default", "quiet-yield-30s"])
+def test_lower_priority_model_never_activates(quiet_yield: timedelta | None) -> None:
+    """By design a lower-priority model waits while a higher-priority one holds the GPU, even an idle one; it gets
+    the GPU once the active model idles out via its idleTimeout; and the group does not flap: the idle-parked model
+    is not re-elected until a request names it again (then it wins back the GPU, being higher priority).
+    With FLEXINFER_QUIET_YIELD set (opt-in), "idle" is shorter: a holder quiet for that long while the lower one's
+    requests wait is parked as for its idle timeout, the rest is the same."""
     sim = two_models(a=200, b=100, idle=timedelta(minutes=10))
+    sim.params = dataclasses.replace(sim.params, quiet_after=quiet_yield)
     proxy = Proxy(sim)
     bring_up(sim, A)
     busy_until = sim.now + timedelta(minutes=5)
@@ -162,15 +163,15 @@ def test_lower_priority_model_never_activates() -> None:
         assert B not in sim.processes
     last_request = sim.member(A).last_active_time
     assert last_request is not None
-    quiet = last_request + QUIET_AFTER
+    idle_out = last_request + (quiet_yield or timedelta(minutes=10))  # the quiet yield, else A's idle timeout
 
-    while not sim.serving(B):  # B's requests keep waiting (and re-signalling demand) while A is quiet
-        assert sim.now < quiet + 3 * TICK, f"B still waits {sim.now - quiet} after A went quiet"
-        if sim.now < quiet:
-            assert B not in sim.processes, f"B loaded {quiet - sim.now} before A was quiet for 30 s"
+    while not sim.serving(B):  # B's requests keep waiting (and re-signalling demand) while A idles
+        assert sim.now < idle_out + 3 * TICK, f"B still waits {sim.now - idle_out} after A idled out"
+        if sim.now < idle_out:
+            assert B not in sim.processes, f"B loaded {idle_out - sim.now} before A idled out"
         proxy.request(B)
         proxy.tick()
-    assert sim.now >= quiet
+    assert sim.now >= idle_out
     parked = sim.member(A)
     assert parked.idle_parked_at is not None and A not in sim.processes
     assert sim.last_plan is not None and sim.last_plan.statuses[A].phase == ModelPhase.IDLE

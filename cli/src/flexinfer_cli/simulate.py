@@ -183,6 +183,7 @@ class Settings:
     queue_max: int = 256
     demand_refresh: float = 10.0
     command_retry: float = 10.0
+    quiet_yield: float | None = None  # the scheduler's FLEXINFER_QUIET_YIELD, for the flexinfer policy (None: off)
 
 
 class Event(IntEnum):  # at equal times: runtime changes first, then finished requests, then arrivals
@@ -581,6 +582,14 @@ class Comparison:
     settings: Settings
 
 
+def _with_settings(policy: Policy, settings: Settings) -> Policy:
+    """The policy as the scheduler would run it with these settings (FLEXINFER_QUIET_YIELD for FlexInfer's)."""
+    if policy.name != "flexinfer" or settings.quiet_yield is None:
+        return policy
+    quiet_after = timedelta(seconds=settings.quiet_yield)
+    return dataclasses.replace(policy, params=dataclasses.replace(policy.params, quiet_after=quiet_after))
+
+
 def simulate(trace: Trace, policies: Iterable[str] = ALL_POLICIES, settings: Settings | None = None) -> Comparison:
     settings = settings or Settings()
     outcomes: dict[str, Outcome] = {}
@@ -589,7 +598,7 @@ def simulate(trace: Trace, policies: Iterable[str] = ALL_POLICIES, settings: Set
         if name == OFFLINE:
             offline = offline_lower_bound(trace, settings.queue_timeout)
         else:
-            outcomes[name] = Simulation(trace, POLICIES[name], settings).run()
+            outcomes[name] = Simulation(trace, _with_settings(POLICIES[name], settings), settings).run()
     return Comparison(trace, outcomes, offline, settings)
 
 

@@ -23,6 +23,14 @@ def simulate(
     ] = None,
     queue_timeout: Annotated[str, typer.Option("--queue-timeout", help="FLEXINFER_QUEUE_TIMEOUT.")] = "5m",
     queue_max: Annotated[int, typer.Option("--queue-max", min=1, help="FLEXINFER_QUEUE_MAX.")] = 256,
+    quiet_yield: Annotated[
+        str | None,
+        typer.Option(
+            "--quiet-yield",
+            help="FLEXINFER_QUIET_YIELD for the flexinfer policy: a holder with no request for this long yields to "
+            "waiting requests of another priority (default: off, as the scheduler).",
+        ),
+    ] = None,
     output: Output = OutputFormat.TABLE,
 ) -> None:
     """Replay a request trace through the real election and swap code on a virtual clock, once per policy, and
@@ -36,6 +44,7 @@ def simulate(
         fail(f"unknown policy {', '.join(unknown)} (known: {', '.join(ALL_POLICIES)})", ExitCode.USAGE)
     try:
         timeout = parse_duration(queue_timeout).total_seconds()
+        quiet = parse_duration(quiet_yield).total_seconds() if quiet_yield is not None else None
         data = load_trace(trace)
     except (TraceError, ValueError) as exc:
         fail(str(exc), ExitCode.USAGE)
@@ -43,7 +52,7 @@ def simulate(
         fail(f"cannot read {trace}: {exc.strerror or exc}", ExitCode.USAGE)
     from flexinfer_cli.simulate import simulate as run_simulation
 
-    comparison = run_simulation(data, chosen, Settings(queue_timeout=timeout, queue_max=queue_max))
+    comparison = run_simulation(data, chosen, Settings(queue_timeout=timeout, queue_max=queue_max, quiet_yield=quiet))
     if output is OutputFormat.JSON:
         print_json(as_json(comparison))
     else:

@@ -97,6 +97,7 @@ class Scheduler:
             demand_window=settings.shared_demand_window,
             recent_window=settings.recent_leader_window,
             default_swap_cooldown=settings.default_swap_cooldown,
+            quiet_after=settings.quiet_yield,
         )
         # The proxies report in-flight counts every activity interval: a report older than a few is from a proxy
         # that is gone, and a drain waits one interval for the counts of a model that served lately.

@@ -9,8 +9,10 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
    priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
-FlexInfer's quiet yield (before stage 1): a model that holds the GPU but is quiet — nothing in flight, nothing queued,
-no request for ``quiet_after`` (30 s, about one model load) — is parked as for its idle timeout when requests wait
+FlexInfer's quiet yield (opt-in: ``quiet_after``, the setting FLEXINFER_QUIET_YIELD; off by default, which keeps
+the seed's "Lower-Priority Model Never Activates"; before stage 1): a model that holds the GPU but is quiet — nothing
+in flight, nothing queued, no request for ``quiet_after`` (30 s, about one model load, is a good value) — is parked
+as for its idle timeout when requests wait
 for a model of another priority: a lower-priority model gets the GPU then (the seed's "wait for the active model to
 scale to zero via idle timeout", without the minutes of an idle GPU), and a higher-priority model gets it back from
 a quiet lower-priority one. It is no preemption (no cooldown starts; the yielded model comes back at its next
@@ -69,10 +71,11 @@ class ElectionParams:
     bounded_wait: bool = True
     # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
     idle_aware_fallback: bool = True
-    # The quiet yield: how long the holder must have had no request (and none in flight or queued) before it yields
-    # to a waiting model of another priority. About one model load (the seed's ~28 s): a holder idle that long has
-    # lost at least what the reload will cost it should its next request come at once. None: never (the seed).
-    quiet_after: timedelta | None = timedelta(seconds=30)
+    # The quiet yield (opt-in, FLEXINFER_QUIET_YIELD): how long the holder must have had no request (and none in
+    # flight or queued) before it yields to a waiting model of another priority; about one model load (30 s) is a
+    # good value: a holder idle that long has lost at least what the reload will cost it should its next request
+    # come at once. None (the default): never, as in the seed ("Lower-Priority Model Never Activates").
+    quiet_after: timedelta | None = None
 
     def max_wait(self, member: Member) -> timedelta | None:
         if not self.bounded_wait:

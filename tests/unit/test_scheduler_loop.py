@@ -101,14 +101,14 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def running() -> AsyncIterator[Harness]:
+async def running(b_priority: int = 10, **settings_: Any) -> AsyncIterator[Harness]:
     """The scheduler and a prompt actuator, started inside the test (so on its fast-forwarded clock)."""
     store, bus, clock = MemoryStore(), MemoryBus(), LoopClock()
-    settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1)
+    settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1, **settings_)
     scheduler = Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock)
     h = Harness(store, bus, scheduler, clock)
     await store.put_model(manifest("a", maxWait="30s"), clock.now())
-    await store.put_model(manifest("b", maxWait="30s"), clock.now())
+    await store.put_model(manifest("b", maxWait="30s", priority=b_priority), clock.now())
     stop = asyncio.Event()
     tasks = [asyncio.create_task(scheduler.run(stop)), asyncio.create_task(h.actuator())]
     try:
@@ -188,6 +188,28 @@ async def parks_idle_at_once(h: Harness) -> None:
     assert waited < 1
     swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
     assert swap.reason == "demand" and swap.phases["draining"] == 0
+
+
+@pytest.mark.parametrize("quiet_yield", [None, "30s"])
+async def test_a_lower_priority_model_gets_a_quiet_gpu_only_with_the_quiet_yield(quiet_yield: str | None) -> None:
+    """FLEXINFER_QUIET_YIELD=30s: b (lower priority) gets the GPU 30 s after a's last request; unset (the default,
+    the seed's rule), b keeps waiting while a stays loaded, however idle."""
+    async with running(b_priority=5, quiet_yield=quiet_yield) as h:
+        await h.demand(A)
+        await h.until(lambda: ready(h, A))
+        await h.demand(A, queued=0)  # a's request was answered
+        asked = h.clock.now()
+        for _ in range(100):  # b's requests wait; a gets no request
+            await h.demand(B)
+            await asyncio.sleep(1)
+            if ready(h, B):
+                break
+        if quiet_yield is None:
+            assert ready(h, A) and not ready(h, B)
+        else:
+            assert ready(h, B)
+            swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+            assert swap.reason == "idle-timeout" and 30 <= (swap.started_at - asked).total_seconds() < 35
 
 
 async def test_one_replica_leads_and_another_takes_over() -> None:

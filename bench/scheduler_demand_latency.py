@@ -107,7 +107,7 @@ async def measure(nats_url: str, groups: int, samples: int, scheduler_url: str) 
         await js.publish(demand_subject("default", target), demand.to_bytes())
         latencies.append((await asyncio.wait_for(parks[incumbent], 10)) - start)
         await asyncio.sleep(0.01)
-    await nc.close()
+    await nc.drain()  # (the actuator's last answers finish publishing before the connection closes)
     return latencies
 
 

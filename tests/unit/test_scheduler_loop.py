@@ -305,3 +305,15 @@ async def test_a_stream_of_events_cannot_starve_a_reconcile_slice() -> None:
     assert store.loads.count(first_slice) == 4  # it gave way three times (SLICE_YIELDS), then ran
     commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
     assert {c.model for c in commands} == {f"m{g:02}" for g in range(30)}
+
+
+async def test_the_reconcile_forgets_the_route_of_a_model_deleted_behind_its_back() -> None:
+    """A model deleted without the scheduler hearing of it (another replica's API, a lost event): the next reconcile
+    plans nobody of that name, so it reads the models' keys and deletes the route; the others keep theirs."""
+    store, clock = RecordingStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 30)
+    await scheduler.reconcile()
+    assert set(bus.routes) == {ModelKey("default", f"m{g:02}") for g in range(30)}
+    await store.delete_model("default", "m07")
+    await scheduler.reconcile()
+    assert set(bus.routes) == {ModelKey("default", f"m{g:02}") for g in range(30) if g != 7}

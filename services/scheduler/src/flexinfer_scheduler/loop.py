@@ -66,8 +66,11 @@ log = get_logger("flexinfer.scheduler")
 # loads makes the slice give way (it is planned again after the event's pass); one that arrives later waits for the
 # slice's planning and writing, so a slice bounds the reaction to a demand from above.
 RECONCILE_CHUNK = 25
-# How often one slice gives way before it runs regardless (a steady stream of events cannot starve the reconcile).
+# How often one slice gives way before it runs regardless, and how long (and for how many event passes) it waits
+# for the events recorded meanwhile: a steady stream of events cannot starve the reconcile.
 SLICE_YIELDS = 3
+SLICE_PATIENCE = 0.2
+SLICE_PATIENCE_PASSES = 20
 
 
 @dataclass
@@ -280,24 +283,43 @@ class Scheduler:
         self.kick()
 
     # ---- one pass ----------------------------------------------------------------------------------------
-    async def _pass_dirty(self) -> None:
-        if self._dirty:
-            groups = set(self._dirty)
-            self._dirty.clear()
-            await self.election_pass(groups)
+    async def _pass_dirty(self) -> PassResult | None:
+        if not self._dirty:
+            return None
+        groups = set(self._dirty)
+        self._dirty.clear()
+        return await self.election_pass(groups)
 
     async def reconcile(self) -> None:
         """The periodic full pass, in chunks of groups; groups an event touched meanwhile go first after each
         chunk, so a large installation's reconcile does not hold up the reaction to a demand."""
         names = await self.store.group_names()
+        seen: set[ModelKey] = set()  # every model a pass of this reconcile planned
+
+        def saw(result: PassResult | None) -> bool:
+            if result is None:
+                return False
+            for plan in result.plans:
+                seen.update(plan.members)
+            return True
+
         for start in range(0, max(len(names), 1), RECONCILE_CHUNK):
             chunk = set(names[start : start + RECONCILE_CHUNK])
             for yields in range(SLICE_YIELDS, -1, -1):
-                await self._pass_dirty()
-                if await self.election_pass(chunk, give_way=yields > 0) is not None:
+                # events recorded during an event's pass go before the slice too (events beget events: a park
+                # command's answer, then the activate's), for a while at most
+                patience = self._monotonic() + SLICE_PATIENCE
+                for _ in range(SLICE_PATIENCE_PASSES):
+                    if self._monotonic() > patience or not saw(await self._pass_dirty()):
+                        break
+                if saw(await self.election_pass(chunk, give_way=yields > 0)):
                     break
-        await self._pass_dirty()
-        await self._forget_deleted(await self.store.model_keys())
+        saw(await self._pass_dirty())
+        # Models published before but planned by no pass of this reconcile were deleted (or moved to a group that
+        # appeared meanwhile): only then are all the models' keys read, to be sure (at 10,000 models the read holds
+        # the loop for milliseconds, and the reconcile runs every few seconds).
+        if any(key not in seen for key in self._routes):
+            await self._forget_deleted(await self.store.model_keys())
         if self._monotonic() - self._last_prune > 60:
             self._last_prune = self._monotonic()
             await self.store.prune(self.clock.now(), self.settings.prune_after)

@@ -24,6 +24,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    union,
     update,
 )
 from sqlalchemy import cast as sql_cast
@@ -147,6 +148,13 @@ def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
         model_query = model_query.where(models.c.group_name.in_(bindparam("names", expanding=True)))
         group_query = group_query.where(GroupRow.name.in_(bindparam("names", expanding=True)))
     return model_query, group_query
+
+
+_ALL_GROUPS = union(
+    select(ModelRow.group_name.label("name")).where(ModelRow.group_name.is_not(None)), select(GroupRow.name)
+).subquery()
+_GROUP_NAMES = select(func.array_agg(_ALL_GROUPS.c.name))
+_MODEL_KEYS = select(func.array_agg(ModelRow.namespace.concat("/").concat(ModelRow.name)))
 
 
 def cast_text(column: Any) -> Any:
@@ -493,15 +501,19 @@ class Store:
             self._known_groups = (self._known_groups - groups_only) | set(groups)
         return World(snapshots, statuses), leases_ok
 
+    # (Both read as one array in one row: at 10,000 models, 10,000 result rows took 10-45 ms of the event loop at the
+    # end of every reconcile, and a demand that arrived then waited for them.)
+
     async def group_names(self) -> list[str]:
-        async with self.sessions() as session:
-            names = set((await session.scalars(select(ModelRow.group_name).distinct())).all())
-            names |= set((await session.scalars(select(GroupRow.name))).all())
-        return sorted(n for n in names if n)
+        async with _autocommit(self.sessions) as conn:
+            names: list[str] | None = await conn.scalar(_GROUP_NAMES)
+        return sorted(names or [])
 
     async def model_keys(self) -> set[ModelKey]:
-        async with self.sessions() as session:
-            return {ModelKey(ns, name) for ns, name in await session.execute(select(ModelRow.namespace, ModelRow.name))}
+        async with _autocommit(self.sessions) as conn:
+            keys: list[str] | None = await conn.scalar(_MODEL_KEYS)
+        # (a namespace never holds a "/")
+        return {ModelKey(*key.split("/", 1)) for key in keys or []}
 
     async def load_leases(self, now: datetime) -> dict[str, Lease]:
         async with self.sessions() as session:

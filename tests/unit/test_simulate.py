@@ -49,18 +49,23 @@ def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -
     assert outcome.over_bound is not None and outcome.over_bound <= 3  # elected within a reconcile of the bound
 
 
-def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> None:
-    """The seed's trouble "Demand Signal Not Being Detected": a's request arrives just after a swap to b; its one
-    signal expires after 2 minutes, before the 3-minute cooldown ends, so the seed never loads a and the request
-    times out. FlexInfer renews the demand while the request waits and serves it once the cooldown is over."""
+def a_request_just_after_a_swap() -> list[str]:
+    """a, then b (a swap to b and its 3-minute cooldown), then a again at 140 s."""
     gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}
-    lines = trace(
+    return trace(
         {"model": "a", **gpu},
         {"model": "b", **gpu},
         {"at": 0, "model": "a", "serviceSeconds": 1},
         {"at": 10, "model": "b", "serviceSeconds": 1},
         {"at": 140, "model": "a", "serviceSeconds": 1},
     )
+
+
+def test_the_seed_policy_drops_a_request_whose_one_demand_signal_expired() -> None:
+    """The seed's trouble "Demand Signal Not Being Detected": a's request arrives just after a swap to b; its one
+    signal expires after 2 minutes, before the 3-minute cooldown ends, so the seed never loads a and the request
+    times out. FlexInfer renews the demand while the request waits and serves it once the cooldown is over."""
+    lines = a_request_just_after_a_swap()
     outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=300)).outcomes
     assert outcomes["seed"].timed_out == 1 and max(outcomes["seed"].waits["a"]) == 300
     assert outcomes["flexinfer"].timed_out == 0 and max(outcomes["flexinfer"].waits["a"]) < 300
@@ -70,14 +75,7 @@ def test_the_table_shows_how_long_a_model_waited_past_its_bound() -> None:
     """The same trace: a's bound is the later of its request + 2 min (260 s) and the end of the cooldown the swap to
     b started (about 300 s); the seed never elects a (its request times out at 440 s), FlexInfer elects it within a
     reconcile period of the bound."""
-    gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}
-    lines = trace(
-        {"model": "a", **gpu},
-        {"model": "b", **gpu},
-        {"at": 0, "model": "a", "serviceSeconds": 1},
-        {"at": 10, "model": "b", "serviceSeconds": 1},
-        {"at": 140, "model": "a", "serviceSeconds": 1},
-    )
+    lines = a_request_just_after_a_swap()
     comparison = simulate(read_trace(lines), ["seed", "flexinfer", "v1alpha1"], Settings(queue_timeout=300))
     seed, flexinfer = comparison.outcomes["seed"], comparison.outcomes["flexinfer"]
     assert seed.over_bound is not None and seed.over_bound >= 120

@@ -373,17 +373,7 @@ class Exchange:
             request = self.request
             if self.close_after:
                 request.keep_alive = False
-            # ``_end(None)`` inlined: the usual way an exchange ends.
-            self.done = True
-            request.sink = request.on_gone = request.on_pause = None
-            in_flight = self._forwarder._in_flight
-            key = self.key
-            count = in_flight[key] - 1
-            if count:
-                in_flight[key] = count
-            else:
-                del in_flight[key]
-            self._on_done(self, None)
+            self._end(None)
 
     def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
         if self.done:

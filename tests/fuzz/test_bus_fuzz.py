@@ -10,7 +10,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -206,11 +206,16 @@ async def test_hostile_bus_messages_are_counted_and_the_next_valid_one_is_handle
         counter = BAD_MESSAGES.labels(subject=BAD_ROUTE_SUBJECT)
         before = counter._value.get()
         generations = iter(range(1, 10_000))
+        first = datetime.now(UTC).replace(microsecond=0)
 
         async def hostile_route_then_valid(body: bytes) -> bool:
             await kv.put(key, body)
             generation = next(generations)
-            route = Route(namespace="default", name="ghost", generation=generation, updated_at=datetime.now(UTC))
+            # each valid route a second apart: the proxy shows ``created`` in whole seconds, and waiting for a
+            # route's second must not be satisfied by the one before it (that race left the last hostile body
+            # uncounted when the counter was read)
+            updated = first + timedelta(seconds=generation)
+            route = Route(namespace="default", name="ghost", generation=generation, updated_at=updated)
             await kv.put(key, route.to_bytes())
             deadline = loop.time() + 15
             while True:

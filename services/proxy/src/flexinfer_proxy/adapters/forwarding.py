@@ -31,8 +31,6 @@ from time import monotonic
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
-    HEAD_REMEMBERED_BYTES,
-    HEADS_REMEMBERED,
     Framing,
     Header,
     Http1Client,
@@ -40,6 +38,7 @@ from flexinfer_proxy.adapters.http1 import (
     UpstreamConnection,
     UpstreamConnectionError,
     UpstreamStreamError,
+    remember_head,
 )
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
@@ -338,10 +337,7 @@ class Exchange:
         relayed = _RELAYED_HEADS.get(head)
         if relayed is None:
             relayed = relayed_head(head)
-            if len(head) <= HEAD_REMEMBERED_BYTES:
-                if len(_RELAYED_HEADS) >= HEADS_REMEMBERED:
-                    _RELAYED_HEADS.clear()
-                _RELAYED_HEADS[head] = relayed
+            remember_head(_RELAYED_HEADS, head, relayed)
         self._head = relayed
         return False
 

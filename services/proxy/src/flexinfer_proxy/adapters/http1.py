@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 import httptools
 
@@ -72,6 +72,18 @@ HEADS_REMEMBERED = 256
 #: Longer heads are worked out each time (so the caches stay under a megabyte together).
 HEAD_REMEMBERED_BYTES = 2048
 _FRAMINGS: dict[bytes, Framing] = {}
+
+
+_T = TypeVar("_T")
+
+
+def remember_head(cache: dict[bytes, _T], head: bytes, value: _T) -> None:
+    """Keep what was worked out for an answer ``head`` (heads longer than HEAD_REMEMBERED_BYTES are not kept; a
+    full cache starts over)."""
+    if len(head) <= HEAD_REMEMBERED_BYTES:
+        if len(cache) >= HEADS_REMEMBERED:
+            cache.clear()
+        cache[head] = value
 
 
 def framing_of(status: int, head: bytes, *, head_only: bool) -> Framing:
@@ -260,10 +272,7 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             framing = _FRAMINGS.get(head)
             if framing is None:
                 framing = framing_of(status, head, head_only=False)
-                if len(head) <= HEAD_REMEMBERED_BYTES:
-                    if len(_FRAMINGS) >= HEADS_REMEMBERED:
-                        _FRAMINGS.clear()
-                    _FRAMINGS[head] = framing
+                remember_head(_FRAMINGS, head, framing)
             self.framing = framing
         self.dechunk = sink.answer_head(status, head, self.framing)
         if self.head_only:

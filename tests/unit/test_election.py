@@ -349,16 +349,6 @@ BOUNDED_WAIT = [
     ),
     pytest.param(
         group(
-            dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=2)),
-            active="a",
-        ),
-        "b",
-        ElectionReason.MAX_WAIT,
-        id="queue-order-ends-at-the-bound-whatever-the-loaded-model-still-has-queued",
-    ),
-    pytest.param(
-        group(
             dataclasses.replace(model("a", ready=True, active=BUSY, ready_since=ago(seconds=5)), queued=40),
             model("b", active=ago(seconds=1), waiting=timedelta(minutes=3)),
             active="a",
@@ -366,16 +356,6 @@ BOUNDED_WAIT = [
         "a",
         ElectionReason.READY,
         id="queue-order-a-model-just-loaded-first-answers-what-waited-through-its-load",
-    ),
-    pytest.param(
-        group(
-            dataclasses.replace(model("a", ready=True, active=BUSY, ready_since=ago(minutes=2)), queued=40),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=3)),
-            active="a",
-        ),
-        "b",
-        ElectionReason.MAX_WAIT,
-        id="queue-order-a-loaded-model-that-served-a-bound-yields-whatever-it-has-queued",
     ),
     pytest.param(
         group(

@@ -271,24 +271,14 @@ class Sim:
     def advance(self, delta: timedelta) -> None:
         self.now += delta
 
-    def drive(
-        self,
-        key: ModelKey,
-        *,
-        until: datetime,
-        queued: int = 1,
-        busy: ModelKey | None = None,
-        busy_backlog: int = 0,
-    ) -> bool:
+    def drive(self, key: ModelKey, *, until: datetime, queued: int = 1, busy: ModelKey | None = None) -> bool:
         """The proxy keeps a request for ``key`` waiting (demand refreshed every tick) while the scheduler and a
-        healthy actuator run, and (``busy``) another model gets a request every tick, with ``busy_backlog`` more
-        queued for it (a saturated model); True once ``key`` serves, False if it does not by ``until``."""
+        healthy actuator run, and (``busy``) another model gets a request every tick; True once ``key`` serves,
+        False if it does not by ``until``."""
         while True:
             self.demand(key, queued)
             if busy is not None and busy != key:
                 self.demand(busy)
-                if busy_backlog:
-                    self.signals[busy] = (busy_backlog, self.now)
             self.round()
             if self.serving(key):
                 return True
@@ -499,10 +489,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sim.snapshot.v1alpha1 is None)
     @rule(data=st.data())
     def busy_incumbent_yields_within_the_bound(self, data: st.DataObject) -> None:
-        """The bounded wait (v1alpha2): with the incumbent kept busy (a request every tick, and maybe a backlog
-        queued for it that never empties), a demanded model whose priority is at least the incumbent's serves within
-        its maxWait (default: the demand window) plus what the swap cooldown has left and a few rounds (drain
-        included), whatever the earlier steps left behind."""
+        """The bounded wait (v1alpha2): with the incumbent kept busy (a request every tick), a demanded model whose
+        priority is at least the incumbent's serves within its maxWait (default: the demand window) plus what the
+        swap cooldown has left and a few rounds (drain included), whatever the earlier steps left behind."""
         sim = self.sim
         sim.clear_overrides()
         sim.in_flight.clear()
@@ -514,7 +503,6 @@ class SchedulerMachine(RuleBasedStateMachine):
             st.sampled_from([m.key for m in sim.snapshot.members if m.priority >= incumbent.priority]),
             label="demanded behind a busy incumbent",
         )
-        backlog = data.draw(st.integers(0, 5), label="requests queued for the busy incumbent")
         bound = sim.params.max_wait(sim.member(target)) or timedelta(0)
         deadline = (
             sim.now
@@ -523,7 +511,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             + SWAP_ROUNDS * TICK
             + timedelta(seconds=IN_FLIGHT_MAX)
         )
-        assert sim.drive(target, until=deadline, busy=incumbent.key, busy_backlog=backlog), (
+        assert sim.drive(target, until=deadline, busy=incumbent.key), (
             f"{target} still waits behind busy {incumbent.key} at {sim.now - START}; snapshot={sim.snapshot}"
         )
 

@@ -246,16 +246,11 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     ):
         return Election(demanded.key, ElectionReason.DEMAND, expired)
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
-    # GPU (the longest-waiting first among equal priorities). Only requests that still wait count: a busy model is
-    # not preempted for a demand nobody waits on any more. Queue order favours the loaded model within the bound:
-    # no other path swaps away from a model with requests queued (stage 3 wants it asked by nobody for the demand
-    # window, the quiet yield wants it quiet), so it answers its burst, backlog included, first; at the bound the
-    # challenger goes first whatever the loaded model still has queued (that backlog then waits with its own
-    # bound), else a model whose queue never empties would hold the GPU for ever — once it has served for a bound:
-    # a model just loaded first answers the requests that waited through its load (else, with a cooldown shorter
-    # than a swap, every freshly loaded model was preempted at once by an overdue one and nobody was served). Every
-    # swap drains what is in flight.
-    if ready is not None:
+    # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
+    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
+    # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
+    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing.
+    if ready is not None and ready.queued == 0:
         overdue = [
             m
             for m in candidates
@@ -265,7 +260,6 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
             and m.demand_since is not None
             and (bound := params.max_wait(m)) is not None
             and waited(m, now) >= bound
-            and (ready.queued == 0 or ready.ready_since is None or now - ready.ready_since >= bound)
         ]
         if overdue:
             longest = min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m)))

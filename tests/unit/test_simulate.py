@@ -113,14 +113,34 @@ def test_with_the_quiet_yield_a_lower_priority_batch_gets_a_quiet_gpu_and_the_hi
 
 def test_a_drain_lets_requests_in_flight_finish_and_no_drain_kills_them() -> None:
     lines = trace(
-        {"model": "a", "priority": 10, "loadSeconds": 5, "parkSeconds": 1},
+        {"model": "a", "priority": 10, "loadSeconds": 5, "parkSeconds": 1, "concurrency": 20},
         {"model": "b", "priority": 10, "loadSeconds": 5, "maxWait": "10s"},
         {"at": 0, "model": "a", "serviceSeconds": 1},
-        *[{"at": 10 + 3 * i, "model": "a", "serviceSeconds": 30} for i in range(20)],
+        *[{"at": 10 + 3 * i, "model": "a", "serviceSeconds": 30} for i in range(60)],
         {"at": 12, "model": "b", "serviceSeconds": 1},
     )
     outcomes = simulate(read_trace(lines), ["seed", "flexinfer"]).outcomes
     assert outcomes["flexinfer"].killed == 0
+    assert outcomes["seed"].killed > 0
+
+
+def test_a_saturated_model_yields_at_the_bound_and_its_drain_is_bounded() -> None:
+    """As through the real proxy, every request for the loaded model is forwarded; what it cannot start yet waits in
+    its own queue, so the proxy's queue for it stays empty and the bounded wait holds even for a holder that never
+    catches up. Its drain then lasts at most the drain timeout (60 s); what is left is killed by the park."""
+    lines = trace(
+        {"model": "a", "priority": 10, "loadSeconds": 5, "parkSeconds": 1},
+        {"model": "b", "priority": 10, "loadSeconds": 5, "maxWait": "10s"},
+        *[{"at": 3 * i, "model": "a", "serviceSeconds": 30} for i in range(20)],
+        {"at": 12, "model": "b", "serviceSeconds": 1},
+    )
+    outcome = simulate(read_trace(lines), ["flexinfer"]).outcomes["flexinfer"]
+    (waited,) = outcome.waits["b"]
+    assert waited <= 10 + 3 + 60 + 1 + 5  # maxWait, a reconcile, the drain timeout, the park, the load
+    assert outcome.over_bound is not None and outcome.over_bound <= 3
+    # a served one request at a time: 30 s each from its load at 5 s, and the drain ended 60 s after the swap
+    assert 0 < outcome.killed < 20
+    assert len(outcome.waits["a"]) == 20  # every request counted: served, or waited until its model was parked
 
 
 def test_offline_lower_bound() -> None:

@@ -5,8 +5,10 @@ The scheduler's own ``plan_group`` decides every pass (the same function the ser
 plays the parts it does not decide, with the timings the seed documents: the proxy (per-model FIFO queues with the
 queue limit and timeout, demand signals, requests in flight), the actuator (a load takes the model's
 ``loadSeconds``, 28 s by default; a park ``parkSeconds``, 4 s) and the model (each request takes its service time;
-``concurrency`` requests at once). A pass runs on every event (as the scheduler's event-driven passes) and every
-reconcile period.
+``concurrency`` requests at once). As the real proxy does, every request for a Ready model is forwarded at once
+(it is in flight); what the model cannot start yet waits in the model's own queue (as in vLLM's scheduler), where
+no queue timeout runs, and a park kills what is still in flight there. A pass runs on every event (as the
+scheduler's event-driven passes) and every reconcile period.
 
 Trace: JSON Lines. A line with ``at`` is a request: ``{"at": 12.5, "model": "chat", "tokens": 300}`` (service time
 = tokens / the model's ``tokensPerSecond``) or ``{"at": 12.5, "model": "chat", "serviceSeconds": 2}``. A line
@@ -236,7 +238,9 @@ class Outcome:
 class _Runtime:
     phase: RuntimePhase
     generation: int
-    in_flight: set[int] = field(default_factory=set)
+    in_flight: set[int] = field(default_factory=set)  # forwarded by the proxy: started or in the model's queue
+    waiting: deque[Request] = field(default_factory=deque)  # forwarded, not started yet (the model's own queue)
+    started: int = 0  # requests the model is serving (at most its concurrency)
 
 
 class Simulation:
@@ -292,7 +296,7 @@ class Simulation:
         while self.events:
             when, kind, _, payload = heapq.heappop(self.events)
             if when > end and kind == Event.TICK:
-                break
+                continue  # no more reconciles; what is in flight (in a model's own queue too) still finishes
             self._account(when)
             self.now = when
             self.outcome.events += 1
@@ -313,7 +317,8 @@ class Simulation:
             runtime = self.runtimes.get(name)
             if runtime is not None and request.index in runtime.in_flight:
                 runtime.in_flight.discard(request.index)
-                self._dispatch(name)
+                runtime.started -= 1
+                self._start(name, runtime)
         elif kind is Event.LOADED:
             name, generation = payload
             runtime = self.runtimes.get(name)
@@ -324,7 +329,7 @@ class Simulation:
             name, generation = payload
             runtime = self.runtimes.get(name)
             if runtime is not None and runtime.phase is RuntimePhase.STOPPING and runtime.generation == generation:
-                self.outcome.killed += len(runtime.in_flight)
+                self._kill(runtime)
                 del self.runtimes[name]
                 self._report(name, RuntimePhase.PARKED, generation)
         elif kind is Event.EXPIRE:
@@ -337,9 +342,8 @@ class Simulation:
     def _arrive(self, request: Request) -> None:
         name = request.model
         queue = self.queues[name]
-        serving = name in self.ready_routes and not queue
-        if serving and self._has_room(name):
-            self._forward(name, request, waited=0.0)
+        if name in self.ready_routes and not queue:
+            self._forward(name, request)
             if not self.policy.seed_demand:
                 self._touch(name)  # activity: FlexInfer's proxy reports forwarded requests
             return
@@ -357,22 +361,36 @@ class Simulation:
             self.queued_since[name] = self.now
         self._dispatch(name)
 
-    def _has_room(self, name: str) -> bool:
-        runtime = self.runtimes.get(name)
-        return runtime is not None and len(runtime.in_flight) < self.trace.models[name].concurrency
-
-    def _forward(self, name: str, request: Request, *, waited: float) -> None:
+    def _forward(self, name: str, request: Request) -> None:
         runtime = self.runtimes[name]
         runtime.in_flight.add(request.index)
+        runtime.waiting.append(request)
+        self._start(name, runtime)
+
+    def _start(self, name: str, runtime: _Runtime) -> None:
+        """The model starts what it has room for, in the order it was forwarded; a request's wait ends here."""
+        concurrency = self.trace.models[name].concurrency
+        while runtime.waiting and runtime.started < concurrency:
+            request = runtime.waiting.popleft()
+            runtime.started += 1
+            self._waited(name, self.now - request.at)
+            self.at(self.now + request.service, Event.DONE, (name, request))
+
+    def _waited(self, name: str, waited: float) -> None:
         self.outcome.waits[name].append(waited)
         self.outcome.longest_wait = max(self.outcome.longest_wait, waited)
-        self.at(self.now + request.service, Event.DONE, (name, request))
+
+    def _kill(self, runtime: _Runtime) -> None:
+        """A park (or a load over a stopping model) ends what is in flight; those never started waited until now."""
+        self.outcome.killed += len(runtime.in_flight)
+        for request in runtime.waiting:
+            self._waited(request.model, self.now - request.at)
+        runtime.waiting.clear()
 
     def _dispatch(self, name: str) -> None:
         queue = self.queues[name]
-        while queue and name in self.ready_routes and self._has_room(name):
-            request = queue.popleft()
-            self._forward(name, request, waited=self.now - request.at)
+        while queue and name in self.ready_routes:
+            self._forward(name, queue.popleft())
             self._depth(name)
         if not queue:
             self.queued_since.pop(name, None)
@@ -425,7 +443,7 @@ class Simulation:
         if action is ScaleAction.ACTIVATE:
             if runtime is None or runtime.phase is RuntimePhase.STOPPING:
                 if runtime is not None:
-                    self.outcome.killed += len(runtime.in_flight)
+                    self._kill(runtime)
                 runtime = self.runtimes[name] = _Runtime(RuntimePhase.LOADING, generation)
                 self.outcome.loads += 1
                 self.at(self.now + spec.load_seconds, Event.LOADED, (name, generation))

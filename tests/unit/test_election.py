@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.enums import RuntimePhase, ScaleAction, SwapPhase, SwapReason
 from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, choose_shared_group_leader
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 PARAMS = ElectionParams()
@@ -356,6 +356,46 @@ BOUNDED_WAIT = [
         "a",
         ElectionReason.READY,
         id="queue-order-a-model-just-loaded-first-answers-what-waited-through-its-load",
+    ),
+    pytest.param(
+        dataclasses.replace(
+            group(
+                dataclasses.replace(model("a", ready=True, active=BUSY), queued=3),
+                model("b", active=ago(seconds=1), waiting=timedelta(minutes=2, seconds=10)),
+                active="b",
+            ),
+            swap=Swap(
+                "s1",
+                ModelKey("default", "a"),
+                ModelKey("default", "b"),
+                SwapReason.MAX_WAIT,
+                SwapPhase.DRAINING,
+                ago(seconds=10),
+                ago(seconds=10),
+            ),
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="queue-order-requests-queued-by-the-drain-do-not-undo-the-swap",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", active=ago(seconds=1), waiting=timedelta(seconds=10)), queued=1),
+            model("b", active=ago(seconds=5), waiting=timedelta(minutes=2, seconds=20)),
+            active="b",
+        ),
+        "b",
+        ElectionReason.MAX_WAIT,
+        id="bounded-wait-an-overdue-model-goes-before-a-peer-asked-more-recently-when-nothing-is-loaded",
+    ),
+    pytest.param(
+        group(
+            dataclasses.replace(model("a", active=ago(seconds=1), waiting=timedelta(seconds=10)), queued=1),
+            model("b", active=ago(seconds=5), waiting=timedelta(minutes=1)),
+        ),
+        "a",
+        ElectionReason.DEMAND,
+        id="bounded-wait-within-the-bound-the-seeds-demand-order-holds-when-nothing-is-loaded",
     ),
     pytest.param(
         group(

@@ -187,6 +187,28 @@ def quiet_yield(
     return first if first.priority != active.priority else None
 
 
+def _longest_overdue(
+    candidates: list[Member], floor: int, holder: Member | None, now: datetime, params: ElectionParams
+) -> Member | None:
+    """The bounded wait's pick: among the members of priority >= ``floor`` (other than the loaded ``holder``) with
+    requests waiting for longer than their maxWait, the highest priority, then the longest waiting."""
+    overdue = [
+        m
+        for m in candidates
+        if m is not holder
+        and m.queued > 0
+        and m.priority >= floor
+        and m.demand_since is not None
+        and (bound := params.max_wait(m)) is not None
+        and waited(m, now) >= bound
+    ]
+    return min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m))) if overdue else None
+
+
+def _swapping_away(snapshot: GroupSnapshot, member: Member) -> bool:
+    return snapshot.swap is not None and snapshot.swap.from_model == member.key
+
+
 def _forced(snapshot: GroupSnapshot) -> Member | None:
     forced = [m for m in snapshot.members if m.force_promotion]
     if forced:
@@ -240,30 +262,28 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     demanded = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.demand_window)
     fallback = best(unasked)
 
-    # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen.
+    # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen. Among the
+    # demanded models of the top priority, one whose requests waited past its bound goes first (the bounded
+    # wait): else, with no cooldown to hold a swap, a peer asked more recently took the GPU back from a model
+    # elected for its bound before that one was even loaded.
     if demanded is not None and (
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
+        late = _longest_overdue(candidates, demanded.priority, ready, now, params)
+        if late is not None:
+            return Election(late.key, ElectionReason.MAX_WAIT, expired)
         return Election(demanded.key, ElectionReason.DEMAND, expired)
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
     # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
     # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
     # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
-    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing.
-    if ready is not None and ready.queued == 0:
-        overdue = [
-            m
-            for m in candidates
-            if m is not ready
-            and m.queued > 0
-            and m.priority >= ready.priority
-            and m.demand_since is not None
-            and (bound := params.max_wait(m)) is not None
-            and waited(m, now) >= bound
-        ]
-        if overdue:
-            longest = min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m)))
-            return Election(longest.key, ElectionReason.MAX_WAIT, expired)
+    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing. Not the
+    # requests its own drain makes wait: once a swap away from it is under way, its route takes no new requests
+    # and they queue, which must not undo the swap (they wait for its next turn, with their own bound).
+    if ready is not None and (ready.queued == 0 or _swapping_away(snapshot, ready)):
+        late = _longest_overdue(candidates, ready.priority, ready, now, params)
+        if late is not None:
+            return Election(late.key, ElectionReason.MAX_WAIT, expired)
 
     # Stage 4: fallback.
     for leader, reason in (

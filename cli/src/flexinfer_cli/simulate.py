@@ -329,7 +329,7 @@ class Simulation:
             name, generation = payload
             runtime = self.runtimes.get(name)
             if runtime is not None and runtime.phase is RuntimePhase.STOPPING and runtime.generation == generation:
-                self._kill(runtime)
+                self._kill(name, runtime)
                 del self.runtimes[name]
                 self._report(name, RuntimePhase.PARKED, generation)
         elif kind is Event.EXPIRE:
@@ -366,6 +366,7 @@ class Simulation:
         runtime.in_flight.add(request.index)
         runtime.waiting.append(request)
         self._start(name, runtime)
+        self._depth(name)
 
     def _start(self, name: str, runtime: _Runtime) -> None:
         """The model starts what it has room for, in the order it was forwarded; a request's wait ends here."""
@@ -375,17 +376,19 @@ class Simulation:
             runtime.started += 1
             self._waited(name, self.now - request.at)
             self.at(self.now + request.service, Event.DONE, (name, request))
+            self._depth(name)
 
     def _waited(self, name: str, waited: float) -> None:
         self.outcome.waits[name].append(waited)
         self.outcome.longest_wait = max(self.outcome.longest_wait, waited)
 
-    def _kill(self, runtime: _Runtime) -> None:
+    def _kill(self, name: str, runtime: _Runtime) -> None:
         """A park (or a load over a stopping model) ends what is in flight; those never started waited until now."""
         self.outcome.killed += len(runtime.in_flight)
         for request in runtime.waiting:
             self._waited(request.model, self.now - request.at)
         runtime.waiting.clear()
+        self._depth(name)
 
     def _dispatch(self, name: str) -> None:
         queue = self.queues[name]
@@ -420,8 +423,10 @@ class Simulation:
         self.last_active[name] = self.now
 
     def _depth(self, name: str) -> None:
+        """Record the requests waiting for ``name``: in the proxy's queue and in the model's own (not started)."""
         series = self.outcome.depths[name]
-        depth = len(self.queues[name])
+        runtime = self.runtimes.get(name)
+        depth = len(self.queues[name]) + (len(runtime.waiting) if runtime is not None else 0)
         if series[-1][0] == self.now:
             series[-1] = (self.now, depth)
         elif series[-1][1] != depth:
@@ -443,7 +448,7 @@ class Simulation:
         if action is ScaleAction.ACTIVATE:
             if runtime is None or runtime.phase is RuntimePhase.STOPPING:
                 if runtime is not None:
-                    self._kill(runtime)
+                    self._kill(name, runtime)
                 runtime = self.runtimes[name] = _Runtime(RuntimePhase.LOADING, generation)
                 self.outcome.loads += 1
                 self.at(self.now + spec.load_seconds, Event.LOADED, (name, generation))

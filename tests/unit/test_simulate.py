@@ -141,7 +141,8 @@ def test_a_saturated_model_yields_at_the_bound_and_its_drain_is_bounded() -> Non
     # a served one request at a time: 30 s each from its load at 5 s, and the drain ended 60 s after the swap
     assert 0 < outcome.killed < 20
     assert len(outcome.waits["a"]) == 20  # every request counted: served, or waited until its model was parked
-    assert max(depth for _, depth in outcome.depths["a"]) >= 5  # the picture shows the backlog in a's own queue
+    # the picture shows the backlog in a's own queue while a serves (its queue at the proxy is empty then)
+    assert max(depth for at, depth in outcome.depths["a"] if 10 <= at < 22) >= 3
 
 
 def test_offline_lower_bound() -> None:

@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import uvloop
 from _common import COMPLETION, NAMESPACE, REQUEST_BODY
 
 from flexinfer_common.bus import Bus
@@ -82,6 +83,7 @@ def assemble() -> tuple[Proxy, ServerConnection, UpstreamConnection, FakeTranspo
     )
     proxy.watcher.loaded.set()
     proxy.forwarder.start()
+    # One pooled keep-alive connection to the model, as ``Http1Client.connect`` and a first answer leave it.
     client = proxy.forwarder._client
     assert client is not None
     host, port = UPSTREAM.split(":")
@@ -134,9 +136,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="cProfile one round instead of timing")
     args = parser.parse_args()
-    import uvloop
-
-    uvloop.run(run(args))
+    uvloop.run(run(args))  # (the proxy's loop: see flexinfer_common.runner)
     return 0
 
 

@@ -363,3 +363,32 @@ async def test_a_head_seen_before_is_framed_as_the_first_time(first: bytes, then
             conn.connection_made(_IdleTransport())  # type: ignore[arg-type]
         else:
             conn.release()
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-Id: 1\r\nContent-Length: 4\r\n\r\n", id="same-head"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-Id: 2\r\nContent-Length: 4\r\n\r\n", id="same-length-other-head"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-Id: 12\r\nContent-Length: 4\r\n\r\n", id="longer-head"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", id="shorter-head"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX: 1\r\n\r\n", id="same-length-chunked"),
+    ],
+)
+async def test_where_a_head_ends_does_not_depend_on_the_head_before(then: bytes) -> None:
+    """Where an answer head ends is taken from the last head's length when the bytes up to it are a head seen
+    before: whatever the next head is, it is handed over whole, with its own framing, and the body after it."""
+    first = b"HTTP/1.1 200 OK\r\nX-Id: 1\r\nContent-Length: 4\r\n\r\n"
+    client = Http1Client(connections=1, connect_timeout=1)
+    conn = UpstreamConnection(client.pool("127.0.0.1", 9))
+    conn.connection_made(_IdleTransport())  # type: ignore[arg-type]
+    for head in (first, first, then):
+        chunked = b"Transfer-Encoding" in head
+        body = b"4\r\npong\r\n0\r\n\r\n" if chunked else b"pong"
+        sink = Sink()
+        conn.begin(sink, head_only=False)
+        conn.data_received(head + body)
+        assert sink.ended.is_set() and sink.failure is None
+        assert (sink.head, sink.data) == (head, body)
+        assert sink.framing is (Framing.CHUNKED if chunked else Framing.SIZED)
+        conn.release()

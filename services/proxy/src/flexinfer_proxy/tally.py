@@ -68,6 +68,9 @@ class RequestTally:
         self._counters: dict[tuple[ModelKey, int], Counter] = {}
         self._timings: dict[ModelKey, tuple[Timings, Timings]] = {}  # duration, time to first byte
         self._timer: asyncio.TimerHandle | None = None
+        #: A flush is due (answers added now are moved with it). A plain attribute, not a property: the forwarding
+        #: path reads it once per request.
+        self.armed = False
         #: Answers not flushed yet: (model, status, arrived, first byte or 0, ended), monotonic seconds.
         self.answers: list[tuple[ModelKey, int, float, float, float]] = []
 
@@ -85,13 +88,8 @@ class RequestTally:
         The forwarding path does the same without the call: ``tally.answers.append(...)``, then ``tally.arm()``
         unless ``tally.armed``."""
         self.answers.append((key, status, arrived, first_byte, monotonic()))
-        if self._timer is None:
+        if not self.armed:
             self._arm()
-
-    @property
-    def armed(self) -> bool:
-        """A flush is due (answers added now are moved with it)."""
-        return self._timer is not None
 
     def arm(self) -> None:
         self._arm()
@@ -125,9 +123,11 @@ class RequestTally:
     def _arm(self) -> None:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
+            self.armed = True
 
     def _tick(self) -> None:
         self._timer = None
+        self.armed = False
         self.flush()
 
     def flush(self) -> None:
@@ -151,6 +151,7 @@ class RequestTally:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self.armed = False
         self.flush()
 
 

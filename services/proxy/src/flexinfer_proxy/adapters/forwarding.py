@@ -51,6 +51,9 @@ log = get_logger("flexinfer.proxy.upstream")
 #: the head as the model sent it.
 _RELAYED_HEADS: dict[bytes, bytes] = {}
 
+# (Read per answer: looking an Enum member up on its class costs about 50 ns on CPython 3.11, a global 6 ns.)
+_CHUNKED, _UNTIL_CLOSE = Framing.CHUNKED, Framing.UNTIL_CLOSE
+
 #: Methods whose empty body goes without a Content-Length (as clients send them).
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
 
@@ -325,9 +328,9 @@ class Exchange:
         server = self.server  # (``will_close`` inlined)
         close = not request.keep_alive or server.server.closing or server.refusing
         dechunk = False
-        if framing is Framing.UNTIL_CLOSE:
+        if framing is _UNTIL_CLOSE:
             close = True  # the client, too, learns where the body ends from the connection closing
-        elif framing is Framing.CHUNKED and request.version != "1.1":
+        elif framing is _CHUNKED and request.version != "1.1":
             dechunk = close = True  # an HTTP/1.0 client does not read chunked framing
         self.close_after = close
         if close or self.extra_headers:

@@ -154,16 +154,17 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
         self.slot_returned = False  # the client's open-connection count no longer includes this one
         self.reading_paused = False
         self.writable = True
-        self.status = 0
+        # The answer being read (reset by ``begin``):
         self.buffer = b""  # the answer's bytes until its head is complete
-        self.body_at = 0  # where the body starts in ``buffer`` (in the packet that completed the head)
         self.interim = 0  # 1xx heads before the final one
         self.head_done = False
         self.head_only = False  # a HEAD request: the answer ends with its head
+        self.complete = False
+        # Set with the final head, and read only once ``head_done`` (so ``begin`` need not reset them):
+        self.body_at = 0  # where the body starts in ``buffer`` (in the packet that completed the head)
         self.dechunk = False
         self.framing = Framing.NONE
-        self.complete = False
-        self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
+        self.keep_alive = False  # the parser forgets it once the message is complete
         self.spoiled = False  # bytes beyond the answer arrived: never reuse
 
     def begin(self, sink: AnswerSink, head_only: bool, may_dechunk: bool = False) -> None:
@@ -173,15 +174,11 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.parser = httptools.HttpResponseParser(self if may_dechunk else _RelayCallbacks(self))
             self.parser_dechunks = may_dechunk
         self.sink = sink
-        self.status = 0
         self.buffer = b""
         self.interim = 0
         self.head_done = False
         self.head_only = head_only
-        self.dechunk = False
-        self.framing = Framing.NONE
         self.complete = False
-        self.keep_alive = False
 
     # --- asyncio.Protocol ---
 
@@ -253,28 +250,33 @@ class UpstreamConnection(ReadingControl, asyncio.Protocol):
             self.interim += 1
             return
         buffer = self.buffer
-        end = buffer.index(b"\r\n\r\n") + 4
-        if self.interim:
+        pool = self.pool
+        # A model answers with the same head again and again (only its Date changes, once a second): its framing is
+        # looked up, not worked out (the head's hash, computed here, serves the sink's lookup too). Where the head
+        # ends is not searched for either when the bytes up to the last head's length are a head remembered: a
+        # remembered head holds one blank line, at its end, so this head is exactly those bytes.
+        head = buffer[: pool.head_length]
+        framing = _FRAMINGS.get(head)
+        if framing is None or self.interim or self.head_only:
+            end = buffer.index(b"\r\n\r\n") + 4
             for _ in range(self.interim):  # the final head follows the interim ones
                 end = buffer.index(b"\r\n\r\n", end) + 4
-        self.body_at = end
-        self.status = status
+            head = buffer[:end]
+            if self.head_only:
+                framing = Framing.NONE
+            else:
+                pool.head_length = end
+                framing = _FRAMINGS.get(head)
+                if framing is None:
+                    framing = framing_of(status, head, head_only=False)
+                    remember_head(_FRAMINGS, head, framing)
+        self.body_at = len(head)
+        self.framing = framing
         self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
         sink = self.sink
         assert sink is not None
-        head = buffer[:end]
-        if self.head_only:
-            self.framing = Framing.NONE
-        else:
-            # A model answers with the same head again and again (only its Date changes, once a second): its
-            # framing is looked up, not worked out (the head's hash, computed here, serves the sink's lookup too).
-            framing = _FRAMINGS.get(head)
-            if framing is None:
-                framing = framing_of(status, head, head_only=False)
-                remember_head(_FRAMINGS, head, framing)
-            self.framing = framing
-        self.dechunk = sink.answer_head(status, head, self.framing)
+        self.dechunk = sink.answer_head(status, head, framing)
         if self.head_only:
             # A HEAD answer's length describes a body that never comes: the answer ends with its head, and the
             # connection is not reused in case the model sent a body anyway.
@@ -338,6 +340,7 @@ class Pool:
         self.port = port
         self.idle: list[UpstreamConnection] = []
         self.host_header = f"{host}:{port}".encode()
+        self.head_length = 0  # of the last answer head read from this endpoint (``on_headers_complete``)
 
     def forget(self, conn: UpstreamConnection) -> None:
         if conn in self.idle:

@@ -47,6 +47,15 @@ BUFFER_WHILE_WAITING = 64 * 1024
 
 #: Request fields the server reads rather than only forwards.
 _READ_FIELDS = NOT_FORWARDED | {b"authorization"}
+#: How the server takes a request field, by its name as spelled on the wire: forwarded as it came, dropped
+#: (``Proxy-*``: the hop's own credentials), or read (the value is then the lower-case name). Clients send the same
+#: few names again and again, so one lookup replaces lower-casing and testing every field (``_field_kind``).
+_FORWARD = b""  # (no field name is empty)
+_DROP = b"proxy-"
+_FIELD_KINDS: dict[bytes, bytes] = {}
+#: Bounds of that table: names are the client's to choose.
+_FIELD_KINDS_MAX = 1024
+_FIELD_NAME_REMEMBERED = 64
 
 _STATUS_REASONS = {
     200: b"OK",
@@ -169,6 +178,16 @@ class Request:
         return self.body
 
 
+def _field_kind(name: bytes) -> bytes:
+    """How the server takes a request field named ``name``: ``_FORWARD``, ``_DROP``, or its lower-case name when
+    it is one of ``_READ_FIELDS`` (remembered in ``_FIELD_KINDS``)."""
+    lower = name.lower()
+    kind = lower if lower in _READ_FIELDS else _DROP if lower.startswith(b"proxy-") else _FORWARD
+    if len(name) <= _FIELD_NAME_REMEMBERED and len(_FIELD_KINDS) < _FIELD_KINDS_MAX:
+        _FIELD_KINDS[name] = kind
+    return kind
+
+
 class _Refused(Exception):
     """Parsing stops: the request was answered with an error (and the connection closes)."""
 
@@ -265,18 +284,18 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
         if self._head_bytes > MAX_HEAD:
             self._refuse(errors.headers_too_large(MAX_HEADERS, MAX_HEAD))
             raise _Refused
-        lower = name.lower()
-        if lower not in _READ_FIELDS:  # (one set lookup for the usual field, forwarded as it came)
-            if lower[:6] != b"proxy-":
-                request.headers.append((name, value))
-            return
-        if lower == b"authorization":
+        kind = _FIELD_KINDS.get(name)
+        if kind is None:
+            kind = _field_kind(name)
+        if kind is _FORWARD:  # (the usual field)
+            request.headers.append((name, value))
+        elif kind == b"content-length":
+            request.content_length = int(value)  # llhttp checked it is one plain number
+        elif kind == b"authorization":
             request.authorization = value
             request.headers.append((name, value))
-        elif lower == b"content-length":
-            request.content_length = int(value)  # llhttp checked it is one plain number
-        elif lower != b"host":
-            self._hop_header(request, lower, value)
+        elif kind is not _DROP and kind != b"host":
+            self._hop_header(request, kind, value)
 
     def _hop_header(self, request: Request, lower: bytes, value: bytes) -> None:
         if lower == b"transfer-encoding":

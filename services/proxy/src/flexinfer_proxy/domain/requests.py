@@ -58,9 +58,9 @@ def model_of(body: bytes) -> str:
     if not isinstance(parsed, dict):
         raise invalid_request("the request body must be a JSON object with a 'model' field")
     model = parsed.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise invalid_request("the request body has no 'model' (a model name, namespace/name, or a service label)")
-    return model.strip()
+    if isinstance(model, str) and (model := model.strip()):
+        return model
+    raise invalid_request("the request body has no 'model' (a model name, namespace/name, or a service label)")
 
 
 def prefixed_target(raw_target: str) -> tuple[str, str, str] | None:

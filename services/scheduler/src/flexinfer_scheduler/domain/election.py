@@ -270,7 +270,7 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
         late = _longest_overdue(candidates, demanded.priority, ready, now, params)
-        if late is not None:
+        if late is not None and late is not demanded:
             return Election(late.key, ElectionReason.MAX_WAIT, expired)
         return Election(demanded.key, ElectionReason.DEMAND, expired)
     # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the

@@ -366,17 +366,17 @@ class Simulation:
         runtime.in_flight.add(request.index)
         runtime.waiting.append(request)
         self._start(name, runtime)
-        self._depth(name)
 
     def _start(self, name: str, runtime: _Runtime) -> None:
-        """The model starts what it has room for, in the order it was forwarded; a request's wait ends here."""
+        """The model starts what it has room for, in the order it was forwarded; a request's wait ends here. Records
+        the depth (the caller may have changed either queue)."""
         concurrency = self.trace.models[name].concurrency
         while runtime.waiting and runtime.started < concurrency:
             request = runtime.waiting.popleft()
             runtime.started += 1
             self._waited(name, self.now - request.at)
             self.at(self.now + request.service, Event.DONE, (name, request))
-            self._depth(name)
+        self._depth(name)
 
     def _waited(self, name: str, waited: float) -> None:
         self.outcome.waits[name].append(waited)
@@ -386,7 +386,7 @@ class Simulation:
         """A park (or a load over a stopping model) ends what is in flight; those never started waited until now."""
         self.outcome.killed += len(runtime.in_flight)
         for request in runtime.waiting:
-            self._waited(request.model, self.now - request.at)
+            self._waited(name, self.now - request.at)
         runtime.waiting.clear()
         self._depth(name)
 
@@ -394,7 +394,6 @@ class Simulation:
         queue = self.queues[name]
         while queue and name in self.ready_routes:
             self._forward(name, queue.popleft())
-            self._depth(name)
         if not queue:
             self.queued_since.pop(name, None)
 

@@ -72,7 +72,9 @@ async def test_store_groups_members_and_keeps_what_the_election_reads(store: Any
     assert sorted(groups) == ["gpu", "solo.ml.c"]
     a = groups["gpu"].member(A)
     assert a is not None and a.priority == 10 and a.service_labels == ("a-label",)
-    assert a.runtime_spec is not None and a.runtime_spec.command == ["serve", "{port}"]
+    runtime = world.runtime(A)  # what a command to it carries
+    assert runtime is not None and runtime.command == ["serve", "{port}"] and runtime.name == "a"
+    assert world.runtime(ModelKey("default", "unknown")) is None
     assert await s.group_names() == ["gpu", "solo.ml.c"] and await s.model_keys() == {A, B, C}
 
 

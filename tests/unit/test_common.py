@@ -140,3 +140,29 @@ def test_decode_demand(subject: str, body: dict[str, object], expected: tuple[st
 def test_decode_demand_rejects_with_reason(data: bytes, reason: str) -> None:
     with pytest.raises(BadMessage, match=reason):
         decode_demand("flexinfer.demand.default.m", data)
+
+
+def test_message_times_are_utc_at_every_depth() -> None:
+    """A consumer compares times across services: every time in a message reads as UTC, a naive one taken as UTC
+    and an offset one converted, also inside nested parts (a model's status in its update)."""
+    from datetime import UTC, datetime, timezone
+
+    from flexinfer_common.messages import ModelStatus, ModelStatusUpdate, SharedGroupStatus
+
+    plus_two = timezone(timedelta(hours=2))
+    update = ModelStatusUpdate(
+        namespace="default",
+        model="a",
+        status=ModelStatus(
+            last_active_time=datetime(2026, 1, 1, 14, 0, tzinfo=plus_two),
+            shared_group=SharedGroupStatus(preempted_at=datetime(2026, 1, 1, 12, 0)),
+        ),
+        time=datetime(2026, 1, 1, 12, 0),
+    )
+    assert update.time == datetime(2026, 1, 1, 12, 0, tzinfo=UTC) and update.time.tzinfo is UTC
+    assert update.status.last_active_time is not None and update.status.last_active_time.tzinfo is UTC
+    assert update.status.last_active_time.hour == 12
+    assert update.status.shared_group.preempted_at == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    body = json.loads(update.to_bytes())
+    assert body["status"]["lastActiveTime"].startswith("2026-01-01T12:00:00")
+    assert body["status"]["lastActiveTime"].endswith("Z")

@@ -153,6 +153,9 @@ async def drains_in_flight(h: Harness) -> None:
     await h.until(lambda: any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands()), within=1)
     await h.until(lambda: ready(h, B))
     assert 5 <= h.store.swaps[swap.id].phases["draining"] < 7
+    # each command carries what the actuator needs to run its own model, from that model's manifest
+    activate_b = next(c for c in h.commands() if c.model == "b" and c.action == ScaleAction.ACTIVATE)
+    assert (activate_b.runtime.name, activate_b.runtime.command) == ("b", ["serve", "{port}"])
 
 
 async def test_a_drain_ends_at_its_timeout() -> None:

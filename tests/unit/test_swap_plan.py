@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase, SwapReason
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey
@@ -182,3 +184,15 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=49), params=YIELD).active == B
     back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=50), params=YIELD)
     assert back.active == A and back.election.reason == "quiet-yield"
+
+
+def test_a_member_built_from_its_fields_equals_one_built_by_keyword_and_needs_every_field() -> None:
+    """``Member.of`` (what a store builds each loaded model with) gives the same member as the constructor, and
+    refuses a field set that misses or misnames one: no member is built with a field left out."""
+    member = Member(A, priority=3, queued=2, service_labels=("x",))
+    fields = {f.name: getattr(member, f.name) for f in dataclasses.fields(Member)}
+    assert Member.of(fields) == member and Member.of(fields).ready == member.ready
+    with pytest.raises(TypeError, match="queued"):
+        Member.of({k: v for k, v in fields.items() if k != "queued"})
+    with pytest.raises(TypeError, match="qeued"):
+        Member.of({**{k: v for k, v in fields.items() if k != "queued"}, "qeued": 2})

@@ -42,7 +42,6 @@ from typing import Any
 
 from flexinfer_common.durations import parse_duration
 from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction
-from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import apply_plan, plan_group
@@ -256,7 +255,6 @@ class Simulation:
                 swap_cooldown=spec.swap_cooldown,
                 max_wait=spec.max_wait,
                 idle_timeout=spec.idle_timeout,
-                runtime_spec=RuntimeSpec(namespace=NAMESPACE, name=spec.name),
             )
             for spec in trace.models.values()
         )

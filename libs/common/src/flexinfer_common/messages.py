@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from flexinfer_common.enums import (
     ModelPhase,
@@ -29,6 +29,18 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"
 Origin = Annotated[str, StringConstraints(max_length=253, pattern=r"^[A-Za-z0-9_.:@/-]*$")]
 
 
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is UTC:
+        return value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# Every time in a message: timezone-aware UTC (a naive time is taken as UTC). A validator on these fields only: one
+# on every field ("*") ran a Python call per field of every message, 190,000 calls in a scheduler's first pass
+# over 10,000 models.
+UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -45,13 +57,6 @@ class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     SUBJECT: ClassVar[str] = ""
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _utc(cls, value: Any) -> Any:
-        if isinstance(value, datetime):
-            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        return value
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
@@ -70,7 +75,7 @@ class Demand(Message):
     namespace: Name | Literal[""] = Field("", description="Filled from the subject when omitted", examples=["default"])
     queued: int = Field(0, ge=0, description="Requests waiting at this source", examples=[3])
     source: Origin = Field("external", description="Who signals: a proxy instance id, or any producer name")
-    time: datetime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
+    time: UtcDateTime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
 
 
 class InFlightCount(BaseModel):
@@ -92,7 +97,7 @@ class InFlightReport(Message):
 
     source: str = Field(description="The proxy instance (its demand ``source``)")
     models: list[InFlightCount] = Field(default_factory=list)
-    time: datetime
+    time: UtcDateTime
 
 
 class RuntimeSpec(Message):
@@ -136,7 +141,7 @@ class ScaleCommand(Message):
     generation: int = Field(ge=0)
     swap_id: str | None = None
     runtime: RuntimeSpec
-    issued_at: datetime
+    issued_at: UtcDateTime
 
 
 class RuntimeStatus(Message):
@@ -152,7 +157,7 @@ class RuntimeStatus(Message):
         None, description="Base URL to forward to once Ready", examples=["http://127.0.0.1:9001"]
     )
     message: str = ""
-    time: datetime
+    time: UtcDateTime
     actuator: Origin = ""
     pid: int | None = None
 
@@ -164,7 +169,7 @@ class ActuatorHello(Message):
 
     actuator: Origin
     backend: str
-    time: datetime
+    time: UtcDateTime
 
 
 class SharedGroupStatus(BaseModel):
@@ -172,7 +177,7 @@ class SharedGroupStatus(BaseModel):
 
     state: SharedState | None = None
     queue_position: int | None = Field(None, alias="queuePosition")
-    preempted_at: datetime | None = Field(None, alias="preemptedAt")
+    preempted_at: UtcDateTime | None = Field(None, alias="preemptedAt")
 
 
 class ModelStatus(BaseModel):
@@ -181,7 +186,7 @@ class ModelStatus(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
     phase: ModelPhase = ModelPhase.PENDING
-    last_active_time: datetime | None = Field(None, alias="lastActiveTime")
+    last_active_time: UtcDateTime | None = Field(None, alias="lastActiveTime")
     shared_group: SharedGroupStatus = Field(default_factory=SharedGroupStatus, alias="sharedGroup")
     preempted_by: str | None = Field(None, alias="preemptedBy")
     message: str = ""
@@ -200,7 +205,7 @@ class ModelStatusUpdate(Message):
     namespace: Name
     model: Name
     status: ModelStatus
-    time: datetime
+    time: UtcDateTime
 
 
 class ModelRef(BaseModel):
@@ -220,7 +225,7 @@ class LeaseRef(BaseModel):
 
     name: str
     owner: str
-    acquired_at: datetime | None = None
+    acquired_at: UtcDateTime | None = None
 
 
 class GroupStatusUpdate(Message):
@@ -238,7 +243,7 @@ class GroupStatusUpdate(Message):
         description="The GPU lease the election honoured: no member may run while it holds. The lease manager "
         "reports a lease Held only once the group status names it and every member is parked.",
     )
-    time: datetime
+    time: UtcDateTime
 
 
 class SpecChange(Message):
@@ -258,7 +263,7 @@ class SpecChange(Message):
     manifest: dict[str, Any] | None = None
     generation: int | None = None
     source: str = Field("kubernetes", description="Who owns the resource; a resync removes only its own")
-    observed_at: datetime = Field(description="When the source saw this state (orders it against resyncs)")
+    observed_at: UtcDateTime = Field(description="When the source saw this state (orders it against resyncs)")
 
 
 class SpecResync(Message):
@@ -272,7 +277,7 @@ class SpecResync(Message):
     source: str = "kubernetes"
     namespaces: list[str] | None = None
     names: list[str] = Field(default_factory=list, description="namespace/name of every resource listed")
-    observed_at: datetime
+    observed_at: UtcDateTime
 
 
 class Route(Message):
@@ -297,7 +302,7 @@ class Route(Message):
         False, description="Ready because its sleeping server was woken: a request that waited is not a cold start"
     )
     generation: int = 0
-    updated_at: datetime
+    updated_at: UtcDateTime
 
 
 class SwapEvent(Message):
@@ -314,7 +319,7 @@ class SwapEvent(Message):
     phase: SwapPhase
     phases: dict[str, float] = Field(default_factory=dict, description="Seconds spent in each finished phase")
     message: str = ""
-    time: datetime
+    time: UtcDateTime
 
 
 class LeaseEvent(Message):
@@ -330,10 +335,10 @@ class LeaseEvent(Message):
     namespace: Name = "default"
     node: str | None = None
     source: str = Field("api", description="Who asked for it: api, gpulease, modelcache, job or configmap")
-    acquired_at: datetime | None = None
-    expires_at: datetime | None = None
+    acquired_at: UtcDateTime | None = None
+    expires_at: UtcDateTime | None = None
     reason: str = Field("", description="Why it was released or expired, in words")
-    time: datetime
+    time: UtcDateTime
 
 
 class ModelEvent(Message):
@@ -346,7 +351,7 @@ class ModelEvent(Message):
     model: Name
     group: str | None = None
     status: ModelStatus
-    time: datetime
+    time: UtcDateTime
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (

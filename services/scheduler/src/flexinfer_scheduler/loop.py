@@ -368,12 +368,12 @@ class Scheduler:
             self._group_gauges.show(plan.group, group_view(group, plan))
         if groups is None:
             self._group_gauges.retain(plan.group for plan in plans)
-        await self._publish(plans, now)
+        await self._publish(plans, world, now)
         if groups is None:
             await self._forget_deleted({key for plan in plans for key in plan.members})
         return PassResult(plans, elapsed)
 
-    async def _publish(self, plans: list[GroupPlan], now: datetime) -> None:
+    async def _publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
         """What the plans say to publish, in the order that keeps the proxies safe and the commands prompt: routes
         first (a model being parked was already published not ready, in the pass that started its drain), then
         commands, then what only observers read (statuses, the groups' status, swap events). What did not change
@@ -396,7 +396,7 @@ class Scheduler:
                     self._routes[key] = fields
             if not all(written):
                 log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
-        commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, now))]
+        commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, world, now))]
         statuses = [
             u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now))
         ]
@@ -470,9 +470,11 @@ class Scheduler:
             )
         return out
 
-    def _command(self, command: Command, plan: GroupPlan, now: datetime) -> tuple[str, BaseModel, str | None] | None:
+    def _command(
+        self, command: Command, plan: GroupPlan, world: World, now: datetime
+    ) -> tuple[str, BaseModel, str | None] | None:
         """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
-        runtime = command.runtime
+        runtime = world.runtime(command.key)
         if runtime is None:
             log.error("no runtime spec for a command; not sent", extra={"model": str(command.key)})
             return None

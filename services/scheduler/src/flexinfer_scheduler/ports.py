@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from flexinfer_common.messages import Route
+from flexinfer_common.messages import Route, RuntimeSpec
 from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.domain.status import StatusView
@@ -35,12 +35,19 @@ class StoredStatus:
         return cls(view.phase.value, view.state.value, view.queue_position, view.preempted_by, view.message)
 
 
+def _no_runtime(key: ModelKey) -> RuntimeSpec | None:
+    return None
+
+
 @dataclass(frozen=True)
 class World:
-    """Everything one election pass reads: the groups, and each member's status as stored."""
+    """Everything one election pass reads: the groups, and each member's status as stored; ``runtime`` gives what
+    the actuator needs to run a model, for the commands a pass sends (looked up only for those: the election does
+    not read it)."""
 
     groups: list[GroupSnapshot]
     statuses: dict[ModelKey, StoredStatus]
+    runtime: Callable[[ModelKey], RuntimeSpec | None] = _no_runtime
     by_name: dict[str, GroupSnapshot] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

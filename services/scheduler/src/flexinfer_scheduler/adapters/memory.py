@@ -20,7 +20,7 @@ from flexinfer_common.bus import BadMessage, Delivery
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.enums import GroupPolicy
 from flexinfer_common.manifests import GPUGroup, Model
-from flexinfer_common.messages import Route
+from flexinfer_common.messages import Route, RuntimeSpec
 from flexinfer_common.subjects import route_key
 from flexinfer_scheduler.adapters.store import (
     ACTIVE_SWAP_PHASES,
@@ -72,6 +72,10 @@ class MemoryStore:
             cached = self._facts[key] = (row.spec_generation, spec_facts(row.manifest))
         return cached[1]
 
+    def _runtime(self, key: ModelKey) -> RuntimeSpec | None:
+        row = self.models.get(key)
+        return None if row is None else self._spec(row).runtime(key.namespace, key.name)
+
     # ---- the election's snapshot -------------------------------------------------------------------------
     async def load_world(
         self,
@@ -108,7 +112,7 @@ class MemoryStore:
             )
         if self.lease_error is not None:
             snapshots = [dataclasses.replace(s, lease=None) for s in snapshots]
-        return World(snapshots, statuses), self.lease_error is None
+        return World(snapshots, statuses, self._runtime), self.lease_error is None
 
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
         for plan in plans:

@@ -46,11 +46,15 @@ from flexinfer_common.db import (
     SwapRow,
 )
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
+from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, Model
+from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, changes_of
+
+log = get_logger("flexinfer.scheduler")
 
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
@@ -167,36 +171,40 @@ def _key(row: ModelRow) -> ModelKey:
 
 def member_from_row(row: Any, queued: int, facts: SpecFacts, in_flight: int = 0) -> Member:
     """A member from a ``models`` row (an ORM row, or a Core row of the same columns)."""
-    key = ModelKey(row.namespace, row.name)
-    return Member(
-        key=key,
-        priority=row.priority,
-        last_active_time=row.last_active_time,
-        preempted_at=row.preempted_at,
-        preempted_by=row.preempted_by,
-        swap_cooldown=facts.swap_cooldown,
-        idle_timeout=facts.idle_timeout,
-        force_promotion=facts.force_promotion,
-        promoted_at=row.promoted_at,
-        runtime=row.runtime_phase,
-        runtime_generation=row.runtime_generation,
-        runtime_message=row.runtime_message,
-        last_failure=row.last_failure,
-        endpoint=row.endpoint,
-        desired_action=ScaleAction(row.desired_action) if row.desired_action else None,
-        command_generation=row.command_generation,
-        command_issued_at=row.command_issued_at,
-        ready_since=row.ready_since,
-        idle_parked_at=row.idle_parked_at,
-        failed_at=row.failed_at,
-        demand_since=row.demand_since,
-        queued=queued,
-        in_flight=in_flight,
-        max_wait=facts.max_wait,
-        service_labels=facts.service_labels,
-        observed_generation=row.observed_generation,
-        runtime_spec=facts.runtime(key.namespace, key.name),
+    desired = row.desired_action
+    return Member.of(
+        {
+            "key": ModelKey(row.namespace, row.name),
+            "priority": row.priority,
+            "last_active_time": row.last_active_time,
+            "preempted_at": row.preempted_at,
+            "preempted_by": row.preempted_by,
+            "swap_cooldown": facts.swap_cooldown,
+            "idle_timeout": facts.idle_timeout,
+            "force_promotion": facts.force_promotion,
+            "promoted_at": row.promoted_at,
+            "runtime": row.runtime_phase,
+            "runtime_generation": row.runtime_generation,
+            "runtime_message": row.runtime_message,
+            "last_failure": row.last_failure,
+            "endpoint": row.endpoint,
+            "desired_action": _ACTIONS[desired] if desired else None,
+            "command_generation": row.command_generation,
+            "command_issued_at": row.command_issued_at,
+            "ready_since": row.ready_since,
+            "idle_parked_at": row.idle_parked_at,
+            "failed_at": row.failed_at,
+            "demand_since": row.demand_since,
+            "queued": queued,
+            "in_flight": in_flight,
+            "max_wait": facts.max_wait,
+            "service_labels": facts.service_labels,
+            "observed_generation": row.observed_generation,
+        }
     )
+
+
+_ACTIONS = {action.value: action for action in ScaleAction}
 
 
 def swap_from_row(row: Any) -> Swap:
@@ -398,6 +406,18 @@ class Store:
             raise LookupError(f"spec of {row.namespace}/{row.name} generation {row.spec_generation} not loaded")
         return cached[1]
 
+    def runtime(self, key: ModelKey) -> RuntimeSpec | None:
+        """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded, or its manifest no
+        longer parses, which the caller reports)."""
+        cached = self._facts.get(key)
+        if cached is None:
+            return None
+        try:
+            return cached[1].runtime(key.namespace, key.name)
+        except ValueError as exc:  # a pydantic ValidationError: a manifest stored by an older version
+            log.error("stored manifest does not parse", extra={"model": str(key), "error": str(exc)})
+            return None
+
     async def _load_specs(self, session: AsyncConnection, rows: Sequence[Any], groups: list[str] | None) -> None:
         """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read
         on every pass: at 10,000 models decoding it was a fifth of a pass). Read as JSON text, parsed by pydantic
@@ -499,7 +519,7 @@ class Store:
             self._known_groups = set(groups)
         else:
             self._known_groups = (self._known_groups - groups_only) | set(groups)
-        return World(snapshots, statuses), leases_ok
+        return World(snapshots, statuses, self.runtime), leases_ok
 
     # (Both read as one array in one row: at 10,000 models, 10,000 result rows took 10-45 ms of the event loop at the
     # end of every reconcile, and a demand that arrived then waited for them.)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flexinfer_common.enums import ScaleAction, SharedState, SwapPhase, SwapReason
-from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain import swap as swaps
 from flexinfer_scheduler.domain.election import (
     Election,
@@ -43,7 +42,6 @@ class Command:
     generation: int
     swap_id: str | None
     reissue: bool = False
-    runtime: RuntimeSpec | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -259,10 +257,10 @@ def plan_group(
             continue  # the swap's phase holds this command back (a draining model finishes first)
         if fresh:
             generation = m.command_generation + 1
-            commands.append(Command(m.key, want, generation, swap_id, runtime=m.runtime_spec))
+            commands.append(Command(m.key, want, generation, swap_id))
             patches.add(m.key, MemberPatch(desired_action=want, command_generation=generation, command_issued_at=now))
         elif not m.runtime_confirmed and (m.command_issued_at is None or now - m.command_issued_at >= command_retry):
-            commands.append(Command(m.key, want, m.command_generation, swap_id, reissue=True, runtime=m.runtime_spec))
+            commands.append(Command(m.key, want, m.command_generation, swap_id, reissue=True))
             patches.add(m.key, MemberPatch(command_issued_at=now))
         else:
             continue

@@ -320,3 +320,34 @@ async def test_the_reconcile_forgets_the_route_of_a_model_deleted_behind_its_bac
     await store.delete_model("default", "m07")
     await scheduler.reconcile()
     assert set(bus.routes) == {ModelKey("default", f"m{g:02}") for g in range(30) if g != 7}
+
+
+class FailingWriteStore(MemoryStore):
+    """A store whose writes fail (Postgres gone mid-pass) until ``failing`` is cleared."""
+
+    failing = True
+
+    async def apply_plans(self, world: World, plans: Any, now: datetime) -> None:
+        await asyncio.sleep(0.01)  # the routes go out meanwhile
+        if self.failing:
+            raise ConnectionError("database went away")
+        await super().apply_plans(world, plans, now)
+
+
+async def test_no_command_or_status_goes_out_for_a_plan_that_was_not_stored() -> None:
+    """A pass writes its plan while it sends the routes, but a command (a new generation the actuator acts on) or
+    a status only once the plan is stored: a failed write sends neither, and the next pass sends both."""
+    store, clock = FailingWriteStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 2)
+    with pytest.raises(ConnectionError):
+        await scheduler.election_pass()
+    assert bus.messages(subjects.COMMAND_PREFIX) == [] and bus.messages(subjects.STATUS_PREFIX) == []
+    assert store.groups == {}  # nothing stored
+    store.failing = False
+    await scheduler.election_pass()
+    commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+    assert sorted((c.model, c.action, c.generation) for c in commands) == [
+        ("m00", ScaleAction.ACTIVATE, 1),
+        ("m01", ScaleAction.ACTIVATE, 1),
+    ]
+    assert len(bus.messages(subjects.MODEL_STATUS_PREFIX)) == 2

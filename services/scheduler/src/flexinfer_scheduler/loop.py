@@ -363,22 +363,29 @@ class Scheduler:
         plans = self.plan(world, now)
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
-        await self.store.apply_plans(world, plans, now)
-        for group, plan in zip(world.groups, plans, strict=True):
-            self._group_gauges.show(plan.group, group_view(group, plan))
-        if groups is None:
-            self._group_gauges.retain(plan.group for plan in plans)
+        # The write runs while the routes are built and sent (on a first pass over 10,000 models Postgres took
+        # 0.2 s over it, the routes 0.25 s of Python); nothing else goes out before it is stored.
+        write = asyncio.create_task(self.store.apply_plans(world, plans, now))
+        try:
+            for group, plan in zip(world.groups, plans, strict=True):
+                self._group_gauges.show(plan.group, group_view(group, plan))
+            if groups is None:
+                self._group_gauges.retain(plan.group for plan in plans)
+            await self._publish_routes(plans, now)
+            await write  # a failed write raises here: no command nor status goes out for a plan not stored
+        except BaseException:
+            if not write.cancel() and not write.cancelled():
+                write.exception()  # (retrieved: its failure is not what is raised)
+            raise
         await self._publish(plans, world, now)
         if groups is None:
             await self._forget_deleted({key for plan in plans for key in plan.members})
         return PassResult(plans, elapsed)
 
-    async def _publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
-        """What the plans say to publish, in the order that keeps the proxies safe and the commands prompt: routes
-        first (a model being parked was already published not ready, in the pass that started its drain), then
-        commands, then what only observers read (statuses, the groups' status, swap events). What did not change
-        is left out before any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here);
-        the rest of each step goes out together (JetStream acks pipelined)."""
+    async def _publish_routes(self, plans: list[GroupPlan], now: datetime) -> None:
+        """The routes that changed, first of what a pass publishes (the proxies read them: a model being parked was
+        already published not ready, in the pass that started its drain). What did not change is left out before
+        any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here)."""
         routes = [
             r
             for plan in plans
@@ -396,6 +403,10 @@ class Scheduler:
                     self._routes[key] = fields
             if not all(written):
                 log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
+
+    async def _publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
+        """What the stored plans say to publish after their routes: commands, then what only observers read
+        (statuses, the groups' status, swap events), what changed only, together (JetStream acks pipelined)."""
         commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, world, now))]
         statuses = [
             u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now))

@@ -26,6 +26,8 @@ from flexinfer_scheduler.adapters.store import (
     ACTIVE_SWAP_PHASES,
     group_snapshot,
     member_from_row,
+    member_values,
+    stored_status,
 )
 from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import Lease, Member, ModelKey
@@ -98,8 +100,9 @@ class MemoryStore:
         for key, row in sorted(self.models.items()):
             if not row.group_name or (groups_only is not None and row.group_name not in groups_only):
                 continue
-            statuses[key] = StoredStatus(row.phase, row.shared_state, row.queue_position, row.preempted_by, row.message)
-            member = member_from_row(row, queued.get(key, 0), self._spec(row), in_flight.get(key, 0))
+            values = member_values(row, queued.get(key, 0), in_flight.get(key, 0))
+            statuses[key] = stored_status(values)
+            member = member_from_row(values, self._spec(row))
             by_group.setdefault(row.group_name, []).append(member)
         names = set(by_group) | {n for n in self.groups if groups_only is None or n in groups_only}
         active_swaps = {s.group_name: s for s in self.swaps.values() if s.phase in ACTIVE_SWAP_PHASES}

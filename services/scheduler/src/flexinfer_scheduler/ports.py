@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -20,9 +20,9 @@ from flexinfer_scheduler.domain.status import StatusView
 M = TypeVar("M", bound=BaseModel)
 
 
-@dataclass(frozen=True)
-class StoredStatus:
-    """A member's status columns as stored (a pass writes only what changed)."""
+class StoredStatus(NamedTuple):
+    """A member's status columns as stored (a pass writes only what changed; a tuple, built for every model
+    loaded)."""
 
     phase: str
     shared_state: str | None
@@ -80,7 +80,7 @@ def changes_of(plan: GroupPlan, world: World) -> dict[ModelKey, dict[str, Any]]:
             new, stored = StoredStatus.of(view), world.statuses.get(key)
             if new != stored:
                 values.update(
-                    (name, value) for name, value in vars(new).items() if getattr(stored, name, None) != value
+                    (name, value) for name, value in new._asdict().items() if getattr(stored, name, None) != value
                 )
         if values:
             out[key] = values

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_scheduler.domain.election import Election, ElectionParams, ElectionReason, is_eligible, rank
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, Swap
 
 
-@dataclass(frozen=True)
-class StatusView:
+class StatusView(NamedTuple):
+    """A member's view after a pass (a tuple: a pass over 10,000 models builds 10,000 of them)."""
+
     phase: ModelPhase
     state: SharedState
     queue_position: int | None

@@ -351,3 +351,20 @@ async def test_no_command_or_status_goes_out_for_a_plan_that_was_not_stored() ->
         ("m01", ScaleAction.ACTIVATE, 1),
     ]
     assert len(bus.messages(subjects.MODEL_STATUS_PREFIX)) == 2
+
+
+async def test_a_stored_manifest_that_no_longer_parses_stops_only_its_own_command(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The election reads a part of each manifest; the whole manifest is parsed when a command needs it. One that
+    an older version stored and this one refuses (here: port 0) costs only that model's command, with a logged
+    reason: the pass goes on and the other groups get theirs."""
+    store, clock = MemoryStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 2)
+    row = store.models[ModelKey("default", "m01")]
+    row.manifest = {**row.manifest, "spec": {**row.manifest["spec"], "endpoint": {"port": 0}}}
+    row.spec_generation += 1
+    await scheduler.election_pass()
+    commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+    assert [(c.model, c.action) for c in commands] == [("m00", ScaleAction.ACTIVATE)]
+    assert any("does not parse" in r.getMessage() and getattr(r, "model", "") == "default/m01" for r in caplog.records)

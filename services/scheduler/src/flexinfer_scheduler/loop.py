@@ -485,7 +485,13 @@ class Scheduler:
         self, command: Command, plan: GroupPlan, world: World, now: datetime
     ) -> tuple[str, BaseModel, str | None] | None:
         """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
-        runtime = world.runtime(command.key)
+        try:
+            runtime = world.runtime(command.key)
+        except ValueError as exc:  # a pydantic ValidationError: a manifest stored by an older version
+            log.error(
+                "stored manifest does not parse; command not sent", extra={"model": str(command.key), "error": str(exc)}
+            )
+            return None
         if runtime is None:
             log.error("no runtime spec for a command; not sent", extra={"model": str(command.key)})
             return None

@@ -46,15 +46,12 @@ from flexinfer_common.db import (
     SwapRow,
 )
 from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
-from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_common.messages import RuntimeSpec
 from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, changes_of
-
-log = get_logger("flexinfer.scheduler")
 
 ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
 
@@ -450,16 +447,10 @@ class Store:
         return cached[1]
 
     def runtime(self, key: ModelKey) -> RuntimeSpec | None:
-        """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded, or its manifest no
-        longer parses, which the caller reports)."""
+        """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded). Raises ValueError
+        when the stored manifest no longer parses."""
         cached = self._facts.get(key)
-        if cached is None:
-            return None
-        try:
-            return cached[1].runtime(key.namespace, key.name)
-        except ValueError as exc:  # a pydantic ValidationError: a manifest stored by an older version
-            log.error("stored manifest does not parse", extra={"model": str(key), "error": str(exc)})
-            return None
+        return None if cached is None else cached[1].runtime(key.namespace, key.name)
 
     async def _load_specs(self, session: AsyncConnection, rows: Sequence[Any], groups: list[str] | None) -> None:
         """Parse the manifests of rows whose spec generation is not cached yet (the manifest column is not read

@@ -98,8 +98,8 @@ def rank(member: Member) -> tuple[int, float, str, str]:
 
 
 def best(members: Iterable[Member]) -> Member | None:
-    ordered = sorted(members, key=rank)
-    return ordered[0] if ordered else None
+    """The first of ``members`` in the seed's order (the first given of equals, as a stable sort's first)."""
+    return min(members, key=rank, default=None)
 
 
 def group_cooldown(members: Iterable[Member], default: timedelta) -> timedelta:

@@ -367,16 +367,16 @@ class Scheduler:
         # 0.2 s over it, the routes 0.25 s of Python); nothing else goes out before it is stored.
         write = asyncio.create_task(self.store.apply_plans(world, plans, now))
         try:
-            for group, plan in zip(world.groups, plans, strict=True):
-                self._group_gauges.show(plan.group, group_view(group, plan))
-            if groups is None:
-                self._group_gauges.retain(plan.group for plan in plans)
             await self._publish_routes(plans, now)
             await write  # a failed write raises here: no command nor status goes out for a plan not stored
         except BaseException:
             if not write.cancel() and not write.cancelled():
                 write.exception()  # (retrieved: its failure is not what is raised)
             raise
+        for group, plan in zip(world.groups, plans, strict=True):
+            self._group_gauges.show(plan.group, group_view(group, plan))
+        if groups is None:
+            self._group_gauges.retain(plan.group for plan in plans)
         await self._publish(plans, world, now)
         if groups is None:
             await self._forget_deleted({key for plan in plans for key in plan.members})

@@ -196,3 +196,39 @@ def test_a_member_built_from_its_fields_equals_one_built_by_keyword_and_needs_ev
         Member.of({k: v for k, v in fields.items() if k != "queued"})
     with pytest.raises(TypeError, match="qeued"):
         Member.of({**{k: v for k, v in fields.items() if k != "queued"}, "qeued": 2})
+
+
+def test_the_election_reads_of_a_manifest_what_the_whole_manifest_says() -> None:
+    """The election parses only its part of a manifest (``spec.gpu``, ``spec.serverless``, ``spec.serviceLabels``):
+    what it reads must equal what the whole ``Model`` says, from a dict or from JSON text."""
+    import json
+
+    from flexinfer_common.manifests import Model
+    from flexinfer_scheduler.domain.manifests import spec_facts
+
+    manifest = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "a", "namespace": "default"},
+        "spec": {
+            "gpu": {"shared": "gpu", "priority": 3, "swapCooldown": "2m", "forcePromotion": True, "maxWait": "45s"},
+            "serverless": {"idleTimeout": "10m"},
+            "serviceLabels": ["chat", "code"],
+            "endpoint": {"port": 8000},
+            "local": {"command": ["serve", "{port}"], "env": {"TOKEN": "x"}},
+        },
+    }
+    spec = Model.model_validate(manifest).spec
+    expected = (
+        spec.gpu.swap_cooldown,
+        spec.serverless.idle_timeout,
+        spec.gpu.force_promotion,
+        tuple(spec.service_labels),
+        spec.gpu.max_wait,
+    )
+    assert expected == (timedelta(minutes=2), timedelta(minutes=10), True, ("chat", "code"), timedelta(seconds=45))
+    for source in (manifest, json.dumps(manifest)):
+        facts = spec_facts(source)
+        got = (facts.swap_cooldown, facts.idle_timeout, facts.force_promotion, facts.service_labels, facts.max_wait)
+        assert got == expected
+        assert facts.model.spec == spec and facts.runtime("default", "a").port == 8000

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, overload
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Delivery, decode_demand, decode_json
@@ -25,6 +25,7 @@ from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
 from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_common.logs import get_logger
+from flexinfer_common.manifests import describe_validation_error
 from flexinfer_common.messages import (
     WOKEN,
     ActuatorHello,
@@ -487,9 +488,11 @@ class Scheduler:
         """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
         try:
             runtime = world.runtime(command.key)
-        except ValueError as exc:  # a pydantic ValidationError: a manifest stored by an older version
+        except ValidationError as exc:  # a manifest stored by an older version
+            # the fields and what is wrong with them, never their values (a manifest's env may hold a secret)
             log.error(
-                "stored manifest does not parse; command not sent", extra={"model": str(command.key), "error": str(exc)}
+                "stored manifest does not parse; command not sent",
+                extra={"model": str(command.key), "error": describe_validation_error(exc, "manifest ")},
             )
             return None
         if runtime is None:

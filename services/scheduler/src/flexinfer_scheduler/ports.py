@@ -43,7 +43,7 @@ def _no_runtime(key: ModelKey) -> RuntimeSpec | None:
 class World:
     """Everything one election pass reads: the groups, and each member's status as stored; ``runtime`` gives what
     the actuator needs to run a model, for the commands a pass sends (looked up only for those: the election does
-    not read it; None for a model not loaded, ValueError when its stored manifest no longer parses)."""
+    not read it; None for a model not loaded, a pydantic ValidationError when its stored manifest no longer parses)."""
 
     groups: list[GroupSnapshot]
     statuses: dict[ModelKey, StoredStatus]

@@ -447,8 +447,8 @@ class Store:
         return cached[1]
 
     def runtime(self, key: ModelKey) -> RuntimeSpec | None:
-        """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded). Raises ValueError
-        when the stored manifest no longer parses."""
+        """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded). Raises pydantic's
+        ValidationError when the stored manifest no longer parses."""
         cached = self._facts.get(key)
         return None if cached is None else cached[1].runtime(key.namespace, key.name)
 

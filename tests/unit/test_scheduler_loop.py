@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -368,3 +369,43 @@ async def test_a_stored_manifest_that_no_longer_parses_stops_only_its_own_comman
     commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
     assert [(c.model, c.action) for c in commands] == [("m00", ScaleAction.ACTIVATE)]
     assert any("does not parse" in r.getMessage() and getattr(r, "model", "") == "default/m01" for r in caplog.records)
+
+
+async def test_the_garbage_collector_waits_out_every_pass_running_and_resumes_after_the_last() -> None:
+    """A pass allocates much and makes no cycles: the cyclic collector pauses while any pass runs (two may overlap:
+    an event's pass and a test's), resumes when the last one ends, also when a pass fails, and a collector paused
+    by someone else before stays paused."""
+    store, clock = RecordingStore(), LoopClock()
+    scheduler, _ = await many_groups(store, clock, 2)
+    seen: list[bool] = []
+    hold, holding = asyncio.Event(), asyncio.Event()
+
+    async def record(groups: set[str] | None) -> None:
+        seen.append(gc.isenabled())
+        if groups == {"g00"}:
+            holding.set()
+            await hold.wait()
+
+    store.during_load = record
+    assert gc.isenabled()
+    first = asyncio.create_task(scheduler.election_pass({"g00"}))
+    await holding.wait()
+    await scheduler.election_pass({"g01"})  # starts and ends while the first is in its load
+    assert seen == [False, False] and not gc.isenabled()  # the first still runs
+    hold.set()
+    await first
+    assert gc.isenabled()
+
+    failing = FailingWriteStore()
+    scheduler, _ = await many_groups(failing, clock, 1)
+    with pytest.raises(ConnectionError):
+        await scheduler.election_pass()
+    assert gc.isenabled()
+
+    failing.failing = False
+    gc.disable()
+    try:
+        await scheduler.election_pass()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from flexinfer_common import subjects
 from flexinfer_common.logs import get_logger
+from flexinfer_common.messages import encode, message_id
 from flexinfer_common.metrics import BAD_MESSAGES
 
 log = get_logger("flexinfer.bus")
@@ -389,10 +390,8 @@ class Bus:
         """Publish to JetStream and wait for the store's ack (at-least-once). ``msg_id`` (from
         :func:`~flexinfer_common.messages.message_id`) is given by a caller that may retry this publish; without
         one, the message gets a fresh id of its own."""
-        from flexinfer_common.messages import message_id
-
         headers = {"Nats-Msg-Id": msg_id or message_id(self.name)}
-        await self.js.publish(subject, message.model_dump_json(by_alias=True).encode(), headers=headers)
+        await self.js.publish(subject, encode(message), headers=headers)
 
     async def publish_many(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[bool]:
         """Publish many messages to JetStream at once (subject, message or raw bytes, message id), the acks
@@ -413,7 +412,7 @@ class Bus:
             for index, (subject, message, msg_id) in enumerate(items):
                 if acks.waiting() >= MAX_ACKS_PENDING:
                     await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
-                payload = message if isinstance(message, bytes) else message.model_dump_json(by_alias=True).encode()
+                payload = message if isinstance(message, bytes) else encode(message)
                 await publish(
                     subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
                 )
@@ -426,7 +425,7 @@ class Bus:
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""
-        await self.nc.publish(subject, message.model_dump_json(by_alias=True).encode())
+        await self.nc.publish(subject, encode(message))
 
     async def consume(
         self,

@@ -20,7 +20,7 @@ from flexinfer_common.bus import BadMessage, Delivery
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.enums import GroupPolicy
 from flexinfer_common.manifests import GPUGroup, Model
-from flexinfer_common.messages import Route, RuntimeSpec
+from flexinfer_common.messages import Route, RuntimeSpec, encode
 from flexinfer_common.subjects import route_key
 from flexinfer_scheduler.adapters.store import (
     ACTIVE_SWAP_PHASES,
@@ -364,7 +364,7 @@ class MemoryBus:
                 return
             self._ids.add(msg_id)
         self.published.append((subject, message))
-        await self.deliver(subject, message.model_dump_json(by_alias=True).encode(), message_id=msg_id)
+        await self.deliver(subject, encode(message), message_id=msg_id)
 
     async def consume(
         self, *, stream: str, durable: str | None, filter_subject: str, decode: Decoder[M], handler: Handler[M]

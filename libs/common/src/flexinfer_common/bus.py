@@ -93,14 +93,17 @@ ATOMIC_STREAMS = frozenset({subjects.MODEL_STATUS_STREAM})
 ATOMIC_BATCH = 1000
 _ATOMIC_SINCE = (2, 12)
 _BATCH_ID, _BATCH_SEQUENCE, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
+#: JSAtomicPublishDisabledErr: the stream does not take batches (any other refusal may be the batch's own)
+_ATOMIC_DISABLED = b'"err_code":10174'
 
 
 class _Acks:
     """The acks of one ``publish_many`` call: ``results[i]`` is True (stored), False (refused) or None (no answer
-    yet), from the replies to ``<inbox>.<i>``."""
+    yet), from the replies to ``<inbox>.<i>``; ``refusals[i]`` the body of a refusal."""
 
     def __init__(self, total: int) -> None:
         self.results: list[bool | None] = [None] * total
+        self.refusals: dict[int, bytes] = {}
         self.sent = 0
         self.received = 0
         self._progress = asyncio.Event()
@@ -113,7 +116,9 @@ class _Acks:
         index = int(token) if token.isdigit() else -1
         if not 0 <= index < len(self.results) or self.results[index] is not None:
             return  # not one of ours, or a repeated reply
-        self.results[index] = _stored(msg.data)
+        stored = self.results[index] = _stored(msg.data)
+        if not stored:
+            self.refusals[index] = msg.data
         self.received += 1
         self._progress.set()
 
@@ -445,12 +450,13 @@ class Bus:
         Messages without a message id bound for a stream that takes atomic batches (see :meth:`ensure_streams`)
         go in batches of up to :data:`ATOMIC_BATCH`, one ack a batch instead of one a message: handling 20,000 acks
         was a seventh of that first pass. A batch the store refuses is sent again message by message, so one bad
-        message costs only itself; when that goes through, the stream no longer takes batches (reconfigured
-        behind this process's back, or by an older version) and later calls do not try it."""
+        message costs only itself. When the refusal says the stream does not take batches (reconfigured behind this
+        process's back, or by an older version), later calls do not try them there."""
         if not items:
             return []
         batches = self._batches(items)
-        results = await self._publish_all(items, batches)
+        acks = await self._publish_all(items, batches)
+        results = acks.results
         refused = [(stream, batch) for stream, batch in batches if results[batch[-1]] is False]
         for _, batch in batches:
             stored = results[batch[-1]]  # the commit's ack stands for the batch
@@ -458,13 +464,13 @@ class Bus:
                 results[index] = stored
         if refused:
             indices = [index for _, batch in refused for index in batch]
-            again = await self._publish_all([items[index] for index in indices], [])
+            again = (await self._publish_all([items[index] for index in indices], [])).results
             for index, stored in zip(indices, again, strict=True):
                 results[index] = stored
-            if all(stored is True for stored in again):
-                streams = sorted({stream for stream, _ in refused})
-                log.warning("stream refuses atomic batches; publishing message by message", extra={"streams": streams})
-                self._atomic = {p: s for p, s in self._atomic.items() if s not in streams}
+            disabled = sorted({s for s, batch in refused if _ATOMIC_DISABLED in acks.refusals.get(batch[-1], b"")})
+            if disabled:
+                log.warning("stream refuses atomic batches; publishing message by message", extra={"streams": disabled})
+                self._atomic = {p: s for p, s in self._atomic.items() if s not in disabled}
         return [stored is True for stored in results]
 
     def _batches(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[tuple[str, list[int]]]:
@@ -489,9 +495,9 @@ class Bus:
 
     async def _publish_all(
         self, items: list[tuple[str, BaseModel | bytes, str | None]], batches: list[tuple[str, list[int]]]
-    ) -> list[bool | None]:
+    ) -> _Acks:
         """Send the items, those of ``batches`` as atomic batches (the last message of each commits it and gets
-        the ack, the others get none); wait for the acks. True: stored, False: refused, None: no answer."""
+        the ack, the first an empty reply, the others none); wait for the acks."""
         position: dict[int, tuple[str, int, int]] = {}  # index -> (batch id, sequence, batch size)
         for _, batch in batches:
             batch_id = new_id()
@@ -511,7 +517,10 @@ class Bus:
                     batch_id, sequence, size = batched
                     headers = {_BATCH_ID: batch_id, _BATCH_SEQUENCE: str(sequence)}
                     if sequence < size:
-                        await publish(subject, payload, headers=headers)
+                        # (ADR-50 starts a batch with a request: its empty reply goes to a token ``on_reply`` skips)
+                        await publish(
+                            subject, payload, reply=f"{inbox}.start" if sequence == 1 else "", headers=headers
+                        )
                         continue
                     headers[_BATCH_COMMIT] = "1"
                 else:
@@ -524,7 +533,7 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return acks.results
+        return acks
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""

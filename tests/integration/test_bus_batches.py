@@ -1,5 +1,6 @@
-"""``Bus.publish_many`` on a real NATS: what only observers read goes in atomic batches (NATS 2.12 and later), one
-ack a batch; a refused batch is sent again message by message; a server without batches gets every message alone."""
+"""``Bus.publish_many`` on a real NATS: many messages that only observers read go in atomic batches (NATS 2.12 and
+later), one ack a batch; a few go alone (a batch's commit costs the server milliseconds); a refused batch is sent
+again message by message; a server without batches gets every message alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import pytest
 
 from flexinfer_common import subjects
-from flexinfer_common.bus import ATOMIC_BATCH, Bus
+from flexinfer_common.bus import ATOMIC_BATCH, ATOMIC_MIN, Bus
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +51,22 @@ async def test_many_statuses_are_stored_in_batches_of_at_most_a_thousand_with_co
         assert not info.config.allow_atomic and "Nats-Batch-Id" not in first
 
 
+async def test_a_few_messages_go_alone_for_a_quick_answer(bus: Bus) -> None:
+    """An event's pass publishes a handful: each gets its own ack at once, no batch commit to wait for."""
+    assert await bus.publish_many([status(i) for i in range(10)]) == [True] * 10
+    assert "Nats-Batch-Id" not in await stored_headers(bus, 9)
+
+
 async def test_a_batch_with_one_message_the_stream_refuses_costs_only_that_message(bus: Bus) -> None:
     config = (await bus.js.stream_info(STATUS)).config
     await bus.js.update_stream(dataclasses.replace(config, max_msg_size=1024))
-    items = [status(i, size=4096 if i == 3 else 20) for i in range(10)]
-    assert await bus.publish_many(items) == [i != 3 for i in range(10)]
-    assert (await bus.js.stream_info(STATUS)).state.messages == 9
+    items = [status(i, size=4096 if i == 3 else 20) for i in range(ATOMIC_MIN)]
+    assert await bus.publish_many(items) == [i != 3 for i in range(ATOMIC_MIN)]
+    assert (await bus.js.stream_info(STATUS)).state.messages == ATOMIC_MIN - 1
 
-    assert await bus.publish_many([status(i) for i in range(10, 20)]) == [True] * 10
+    assert await bus.publish_many([status(i) for i in range(ATOMIC_MIN)]) == [True] * ATOMIC_MIN
     if batches_supported(bus):  # still in batches: the stream takes them, one message did not fit
-        assert "Nats-Batch-Id" in await stored_headers(bus, 19)
+        assert "Nats-Batch-Id" in await stored_headers(bus, ATOMIC_MIN - 1)
 
 
 async def test_a_stream_that_stops_taking_batches_gets_each_message_alone(
@@ -70,10 +77,10 @@ async def test_a_stream_that_stops_taking_batches_gets_each_message_alone(
     config = (await bus.js.stream_info(STATUS)).config
     await bus.js.update_stream(dataclasses.replace(config, allow_atomic=False))
     with caplog.at_level(logging.WARNING):
-        assert await bus.publish_many([status(i) for i in range(5)]) == [True] * 5
-        assert await bus.publish_many([status(i) for i in range(5, 10)]) == [True] * 5
-    assert (await bus.js.stream_info(STATUS)).state.messages == 10
-    assert "Nats-Batch-Id" not in await stored_headers(bus, 9)
+        assert await bus.publish_many([status(i) for i in range(ATOMIC_MIN)]) == [True] * ATOMIC_MIN
+        assert await bus.publish_many([status(i) for i in range(ATOMIC_MIN)]) == [True] * ATOMIC_MIN
+    assert (await bus.js.stream_info(STATUS)).state.messages == ATOMIC_MIN
+    assert "Nats-Batch-Id" not in await stored_headers(bus, ATOMIC_MIN - 1)
     refusals = [r for r in caplog.records if "refuses atomic batches" in r.getMessage()]
     assert len(refusals) == (1 if batches_supported(bus) else 0)
 
@@ -81,10 +88,14 @@ async def test_a_stream_that_stops_taking_batches_gets_each_message_alone(
 async def test_routes_are_put_in_batches_and_read_back_from_the_bucket(bus: Bus) -> None:
     kv = await bus.routes()
     prefix = f"$KV.{subjects.ROUTES_BUCKET}."
-    items = [(prefix + subjects.route_key("default", f"m{i}"), b'{"i":%d}' % i, None) for i in range(1500)]
-    assert await bus.publish_many(items) == [True] * 1500  # type: ignore[arg-type]
-    entry = await kv.get(subjects.route_key("default", "m1499"))
-    assert entry.value == b'{"i":1499}'
-    info = await bus.js.stream_info(f"KV_{subjects.ROUTES_BUCKET}")
+    count = ATOMIC_MIN + 100
+    items = [(prefix + subjects.route_key("default", f"m{i}"), b'{"i":%d}' % i, None) for i in range(count)]
+    assert await bus.publish_many(items) == [True] * count  # type: ignore[arg-type]
+    entry = await kv.get(subjects.route_key("default", f"m{count - 1}"))
+    assert entry.value == b'{"i":%d}' % (count - 1)
+    stream = f"KV_{subjects.ROUTES_BUCKET}"
+    stored = await bus.js.get_last_msg(stream, prefix + subjects.route_key("default", f"m{count - 1}"))
+    assert ("Nats-Batch-Id" in (stored.headers or {})) == batches_supported(bus)
+    info = await bus.js.stream_info(stream)
     assert bool(info.config.allow_atomic) == batches_supported(bus)
-    assert info.state.messages == 1500
+    assert info.state.messages == count

@@ -83,7 +83,7 @@ async def measure(nats_url: str, groups: int, samples: int, scheduler_url: str) 
         )
         await js.publish(runtime_status_subject("default", key), status.to_bytes())
 
-    await nc.subscribe("flexinfer.actuator.command.>", cb=actuator)
+    answering = await nc.subscribe("flexinfer.actuator.command.>", cb=actuator)
     async with aiohttp.ClientSession() as http:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:  # every group elected and serving its fallback leader (member 0)
@@ -107,7 +107,10 @@ async def measure(nats_url: str, groups: int, samples: int, scheduler_url: str) 
         await js.publish(demand_subject("default", target), demand.to_bytes())
         latencies.append((await asyncio.wait_for(parks[incumbent], 10)) - start)
         await asyncio.sleep(0.01)
-    await nc.drain()  # (the actuator's last answers finish publishing before the connection closes)
+    # The actuator's last answers finish publishing (their acks come back) before the connection drains: a drain
+    # of the whole connection stops the inbox the acks come to, and an answer in flight then timed out.
+    await answering.drain()
+    await nc.drain()
     return latencies
 
 

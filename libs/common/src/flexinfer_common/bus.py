@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from flexinfer_common import subjects
 from flexinfer_common.logs import get_logger
-from flexinfer_common.messages import encode, message_id, new_id
+from flexinfer_common.messages import encode, message_id
 from flexinfer_common.metrics import BAD_MESSAGES
 
 log = get_logger("flexinfer.bus")
@@ -86,29 +85,13 @@ ACK_WAIT = 10.0
 #: How many of ``publish_many``'s messages may wait for their ack at once (nats-py's ``publish_async`` allows 4,000).
 MAX_ACKS_PENDING = 4000
 
-#: The streams ``publish_many`` writes to in atomic batches when the server can (NATS 2.12 and later, ADR-50): what
-#: only observers read, many messages a pass, no message id. The routes bucket's stream is the other one.
-ATOMIC_STREAMS = frozenset({subjects.MODEL_STATUS_STREAM})
-#: Messages per atomic batch (the server's limit).
-ATOMIC_BATCH = 1000
-#: A stream's messages in one call below which each goes alone. A batch saves the client 2.5 us of CPU a message
-#: (its ack) but its commit costs the server about 5 ms (measured: 3 messages 0.3 ms alone, 5.5 ms as a batch; 1,000
-#: messages 12-15 ms alone, 18-21 ms in one batch). So an event's pass, a few messages, keeps the quick path, and a
-#: first pass over thousands of models, whose CPU is what it waits for, gets the batches.
-ATOMIC_MIN = 2000
-_ATOMIC_SINCE = (2, 12)
-_BATCH_ID, _BATCH_SEQUENCE, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
-#: JSAtomicPublishDisabledErr: the stream does not take batches (any other refusal may be the batch's own)
-_ATOMIC_DISABLED = b'"err_code":10174'
-
 
 class _Acks:
     """The acks of one ``publish_many`` call: ``results[i]`` is True (stored), False (refused) or None (no answer
-    yet), from the replies to ``<inbox>.<i>``; ``refusals[i]`` the body of a refusal."""
+    yet), from the replies to ``<inbox>.<i>``."""
 
     def __init__(self, total: int) -> None:
         self.results: list[bool | None] = [None] * total
-        self.refusals: dict[int, bytes] = {}
         self.sent = 0
         self.received = 0
         self._progress = asyncio.Event()
@@ -121,9 +104,7 @@ class _Acks:
         index = int(token) if token.isdigit() else -1
         if not 0 <= index < len(self.results) or self.results[index] is not None:
             return  # not one of ours, or a repeated reply
-        stored = self.results[index] = _stored(msg.data)
-        if not stored:
-            self.refusals[index] = msg.data
+        self.results[index] = _stored(msg.data)
         self.received += 1
         self._progress.set()
 
@@ -336,8 +317,6 @@ class Bus:
         self._js: JetStreamContext | None = None
         self._consumers: list[Consumer[Any]] = []
         self._closing = False
-        #: subject prefix -> stream, for the streams that take atomic batches (seen in their config)
-        self._atomic: dict[str, str] = {}
 
     @property
     def nc(self) -> NatsClient:
@@ -393,48 +372,19 @@ class Bus:
                 await asyncio.sleep(0.3)
         self._js = self._nc.jetstream(timeout=5)
 
-    def _atomic_capable(self) -> bool:
-        version = self.nc.connected_server_version
-        return (version.major, version.minor) >= _ATOMIC_SINCE
-
-    def _note_atomic(self, config: StreamConfig) -> None:
-        """Remember whether a stream takes atomic batches, as its config on the server says."""
-        prefixes = [subject.removesuffix(">") for subject in config.subjects or () if subject.endswith(".>")]
-        for prefix in prefixes:
-            if config.allow_atomic:
-                self._atomic[prefix] = str(config.name)
-            else:
-                self._atomic.pop(prefix, None)
-
     async def ensure_streams(self) -> None:
-        """Create or update FlexInfer's streams. On NATS 2.12 and later, those of :data:`ATOMIC_STREAMS` allow
-        atomic batches (older servers do not know the setting, so it is not sent to them)."""
-        atomic = self._atomic_capable()
         for config in STREAMS:
-            if atomic and config.name in ATOMIC_STREAMS:
-                config = dataclasses.replace(config, allow_atomic=True)
             try:
-                info = await self.js.add_stream(config)
+                await self.js.add_stream(config)
             except BadRequestError:
-                info = await self.js.update_stream(config)
-            self._note_atomic(info.config)
+                await self.js.update_stream(config)
 
     async def routes(self) -> KeyValue:
-        """The routes KV bucket, created when missing; on NATS 2.12 and later its stream allows atomic batches (a
-        scheduler's first pass writes a route per model)."""
+        """The routes KV bucket, created when missing."""
         try:
-            kv = await self.js.key_value(subjects.ROUTES_BUCKET)
+            return await self.js.key_value(subjects.ROUTES_BUCKET)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
-            kv = await self.js.create_key_value(bucket=subjects.ROUTES_BUCKET, history=1)
-        if self._atomic_capable():
-            try:
-                info = await self.js.stream_info(f"KV_{subjects.ROUTES_BUCKET}")
-                if not info.config.allow_atomic:
-                    info = await self.js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
-                self._note_atomic(info.config)
-            except Exception as exc:  # the routes still go out, message by message
-                log.info("routes bucket takes no atomic batches", extra={"error": repr(exc)})
-        return kv
+            return await self.js.create_key_value(bucket=subjects.ROUTES_BUCKET, history=1)
 
     async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None:
         """Publish to JetStream and wait for the store's ack (at-least-once). ``msg_id`` (from
@@ -450,68 +400,9 @@ class Bus:
         Each message is a core publish whose reply subject (``<inbox>.<index>``) gets the stream's ack, all on one
         subscription of this call. nats-py's ``publish_async`` does the same with a future, a semaphore, a fresh
         token and a parsed ``PubAck`` object per message: at 23,000 messages (a scheduler's first pass over 10,000
-        models) that bookkeeping cost more than the publishing itself.
-
-        Messages without a message id bound for a stream that takes atomic batches (see :meth:`ensure_streams`),
-        when there are at least :data:`ATOMIC_MIN` of them, go in batches of up to :data:`ATOMIC_BATCH`, one ack a
-        batch instead of one a message: handling 20,000 acks was a seventh of that first pass. A batch the store
-        refuses is sent again message by message, so one bad message costs only itself. When the refusal says the
-        stream does not take batches (reconfigured behind this process's back, or by an older version), later calls
-        do not try them there."""
+        models) that bookkeeping cost more than the publishing itself."""
         if not items:
             return []
-        batches = self._batches(items)
-        acks = await self._publish_all(items, batches)
-        results = acks.results
-        refused = [(stream, batch) for stream, batch in batches if results[batch[-1]] is False]
-        for _, batch in batches:
-            stored = results[batch[-1]]  # the commit's ack stands for the batch
-            for index in batch:
-                results[index] = stored
-        if refused:
-            indices = [index for _, batch in refused for index in batch]
-            again = (await self._publish_all([items[index] for index in indices], [])).results
-            for index, stored in zip(indices, again, strict=True):
-                results[index] = stored
-            disabled = sorted({s for s, batch in refused if _ATOMIC_DISABLED in acks.refusals.get(batch[-1], b"")})
-            if disabled:
-                log.warning("stream refuses atomic batches; publishing message by message", extra={"streams": disabled})
-                self._atomic = {p: s for p, s in self._atomic.items() if s not in disabled}
-        return [stored is True for stored in results]
-
-    def _batches(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[tuple[str, list[int]]]:
-        """The items that go in atomic batches, by index, per batch (in order; one batch open per stream)."""
-        if not self._atomic:
-            return []
-        prefixes = tuple(self._atomic.items())
-        open_batches: dict[str, list[int]] = {}
-        batches: list[tuple[str, list[int]]] = []
-        for index, (subject, _, msg_id) in enumerate(items):
-            if msg_id:
-                continue  # (a message id is for a publish that may be retried: it goes alone)
-            for prefix, stream in prefixes:
-                if subject.startswith(prefix):
-                    batch = open_batches.get(stream)
-                    if batch is None or len(batch) == ATOMIC_BATCH:
-                        batch = open_batches[stream] = []
-                        batches.append((stream, batch))
-                    batch.append(index)
-                    break
-        sizes: dict[str, int] = {}
-        for stream, batch in batches:
-            sizes[stream] = sizes.get(stream, 0) + len(batch)
-        return [(stream, batch) for stream, batch in batches if sizes[stream] >= ATOMIC_MIN]
-
-    async def _publish_all(
-        self, items: list[tuple[str, BaseModel | bytes, str | None]], batches: list[tuple[str, list[int]]]
-    ) -> _Acks:
-        """Send the items, those of ``batches`` as atomic batches (the last message of each commits it and gets
-        the ack, the first an empty reply, the others none); wait for the acks."""
-        position: dict[int, tuple[str, int, int]] = {}  # index -> (batch id, sequence, batch size)
-        for _, batch in batches:
-            batch_id = new_id()
-            for sequence, index in enumerate(batch, 1):
-                position[index] = (batch_id, sequence, len(batch))
         acks = _Acks(len(items))
         deadline = asyncio.get_running_loop().time() + ACK_WAIT
         inbox = self.nc.new_inbox()
@@ -519,30 +410,18 @@ class Bus:
         try:
             publish = self.nc.publish
             for index, (subject, message, msg_id) in enumerate(items):
-                payload = message if isinstance(message, bytes) else encode(message)
-                headers: dict[str, str] | None
-                batched = position.get(index)
-                if batched is not None:
-                    batch_id, sequence, size = batched
-                    headers = {_BATCH_ID: batch_id, _BATCH_SEQUENCE: str(sequence)}
-                    if sequence < size:
-                        # (ADR-50 starts a batch with a request: its empty reply goes to a token ``on_reply`` skips)
-                        await publish(
-                            subject, payload, reply=f"{inbox}.start" if sequence == 1 else "", headers=headers
-                        )
-                        continue
-                    headers[_BATCH_COMMIT] = "1"
-                else:
-                    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
                 if acks.waiting() >= MAX_ACKS_PENDING:
                     await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
-                await publish(subject, payload, reply=f"{inbox}.{index}", headers=headers)
+                payload = message if isinstance(message, bytes) else encode(message)
+                await publish(
+                    subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
+                )
                 acks.sent += 1
             await acks.wait(below=1, deadline=deadline)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return acks
+        return [ok is True for ok in acks.results]
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""

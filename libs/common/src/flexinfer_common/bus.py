@@ -85,13 +85,18 @@ ACK_WAIT = 10.0
 #: How many of ``publish_many``'s messages may wait for their ack at once (nats-py's ``publish_async`` allows 4,000).
 MAX_ACKS_PENDING = 4000
 
+#: Messages for a stream of ``publish_many``'s ``sole_writer`` from which their acks are checked by sequence.
+SEQUENCED_MIN = 100
+
 
 class _Acks:
     """The acks of one ``publish_many`` call: ``results[i]`` is True (stored), False (refused) or None (no answer
-    yet), from the replies to ``<inbox>.<i>``."""
+    yet), from the replies to ``<inbox>.<i>``; ``bodies[i]`` the reply itself for each ``i`` in ``keep``."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, keep: frozenset[int] = frozenset()) -> None:
         self.results: list[bool | None] = [None] * total
+        self.keep = keep
+        self.bodies: dict[int, bytes] = {}  # the acks themselves, of the messages in ``keep``
         self.sent = 0
         self.received = 0
         self._progress = asyncio.Event()
@@ -105,6 +110,8 @@ class _Acks:
         if not 0 <= index < len(self.results) or self.results[index] is not None:
             return  # not one of ours, or a repeated reply
         self.results[index] = _stored(msg.data)
+        if index in self.keep:
+            self.bodies[index] = msg.data
         self.received += 1
         self._progress.set()
 
@@ -125,6 +132,17 @@ def _stored(data: bytes) -> bool:
     (``{"error": {...}}``) or a no-responders status (an empty body). Looked for, not parsed: parsing 23,000 acks
     as JSON was a tenth of publishing them."""
     return b'"seq"' in data and b'"error"' not in data
+
+
+def _sequence(ack: bytes | None) -> int | None:
+    """The stream sequence a JetStream ack gives its message."""
+    if ack is None:
+        return None
+    try:
+        seq = json.loads(ack).get("seq")
+    except (ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) else None
 
 
 class BadMessage(ValueError):
@@ -393,26 +411,66 @@ class Bus:
         headers = {"Nats-Msg-Id": msg_id or message_id(self.name)}
         await self.js.publish(subject, encode(message), headers=headers)
 
-    async def publish_many(self, items: list[tuple[str, BaseModel | bytes, str | None]]) -> list[bool]:
+    async def publish_many(
+        self, items: list[tuple[str, BaseModel | bytes, str | None]], *, sole_writer: tuple[str, ...] = ()
+    ) -> list[bool]:
         """Publish many messages to JetStream at once (subject, message or raw bytes, message id), the acks
         pipelined rather than awaited one by one; True for each message the store acknowledged.
 
         Each message is a core publish whose reply subject (``<inbox>.<index>``) gets the stream's ack, all on one
         subscription of this call. nats-py's ``publish_async`` does the same with a future, a semaphore, a fresh
         token and a parsed ``PubAck`` object per message: at 23,000 messages (a scheduler's first pass over 10,000
-        models) that bookkeeping cost more than the publishing itself."""
+        models) that bookkeeping cost more than the publishing itself.
+
+        ``sole_writer``: subject prefixes of one stream that only this caller writes (the scheduler's statuses).
+        When at least :data:`SEQUENCED_MIN` of the messages (without a message id) go there, only the first and the
+        last of them ask for an ack, and the stream's sequence numbers in those two acks tell whether every one in
+        between was stored: nothing else wrote to the stream, so they must be exactly as many apart as the
+        messages. If they are not (a message refused, or a write from elsewhere after all), all of those messages
+        are sent again, each with its own ack. Handling 10,000 acks cost more than sending the messages."""
         if not items:
             return []
-        acks = _Acks(len(items))
+        sequenced = [
+            i for i, (subject, _, msg_id) in enumerate(items) if not msg_id and subject.startswith(sole_writer)
+        ]
+        if len(sequenced) < SEQUENCED_MIN:
+            return [stored is True for stored in (await self._publish_all(items, set())).results]
+        acks = await self._publish_all(items, set(sequenced[1:-1]), keep=frozenset((sequenced[0], sequenced[-1])))
+        first, last = (_sequence(acks.bodies.get(index)) for index in (sequenced[0], sequenced[-1]))
+        results = acks.results
+        if first is not None and last is not None and last - first == len(sequenced) - 1:
+            for index in sequenced:
+                results[index] = True
+        else:
+            log.warning(
+                "stream sequence does not add up; sending one by one",
+                extra={"messages": len(sequenced), "first": first, "last": last},
+            )
+            again = (await self._publish_all([items[index] for index in sequenced], set())).results
+            for index, stored in zip(sequenced, again, strict=True):
+                results[index] = stored
+        return [stored is True for stored in results]
+
+    async def _publish_all(
+        self,
+        items: list[tuple[str, BaseModel | bytes, str | None]],
+        unacked: set[int],
+        keep: frozenset[int] = frozenset(),
+    ) -> _Acks:
+        """Send the items, those of ``unacked`` without a reply subject (so without an ack); wait for the acks."""
+        acks = _Acks(len(items), keep)
         deadline = asyncio.get_running_loop().time() + ACK_WAIT
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox + ".*", cb=acks.on_reply)
         try:
             publish = self.nc.publish
             for index, (subject, message, msg_id) in enumerate(items):
+                payload = message if isinstance(message, bytes) else encode(message)
+                if index in unacked:
+                    await publish(subject, payload)
+                    continue
                 if acks.waiting() >= MAX_ACKS_PENDING:
                     await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
-                payload = message if isinstance(message, bytes) else encode(message)
                 await publish(
                     subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
                 )
@@ -421,7 +479,7 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return [ok is True for ok in acks.results]
+        return acks
 
     async def publish_core(self, subject: str, message: BaseModel) -> None:
         """Fire and forget (still stored when a stream captures the subject)."""

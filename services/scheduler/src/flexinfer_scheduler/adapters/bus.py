@@ -44,7 +44,8 @@ class NatsSchedulerBus:
         )
 
     async def publish_many(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
-        return await self.bus.publish_many(list(items))
+        # The leader is the only writer of the status stream: its statuses' acks are checked by sequence.
+        return await self.bus.publish_many(list(items), sole_writer=(subjects.STATUS_PREFIX + ".",))
 
     async def put_routes(self, routes: list[Route]) -> list[bool]:
         """A KV put is a publish on the bucket's subject: many go out together, their acks pipelined."""

@@ -409,3 +409,30 @@ async def test_the_garbage_collector_waits_out_every_pass_running_and_resumes_af
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+async def test_a_route_that_makes_a_model_ready_goes_out_only_once_the_plan_is_stored() -> None:
+    """Routes go out while a pass writes its plan, but not one that makes a model ready: a proxy serves the model as
+    soon as it reads that route, and by then the admin API (the stored plan) must say Ready."""
+    store, clock = FailingWriteStore(), LoopClock()
+    store.failing = False
+    scheduler, bus = await many_groups(store, clock, 1)
+    await scheduler.election_pass()  # m00 is told to activate
+    key = ModelKey("default", "m00")
+    activate = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)][-1]
+    await store.record_runtime(
+        namespace="default",
+        name="m00",
+        phase=RuntimePhase.READY.value,
+        generation=activate.generation,
+        endpoint="http://127.0.0.1:9000",
+        message=None,
+        when=clock.now(),
+    )
+    store.failing = True
+    with pytest.raises(ConnectionError):
+        await scheduler.election_pass()
+    assert not bus.routes[key].ready
+    store.failing = False
+    await scheduler.election_pass()
+    assert bus.routes[key].ready and bus.routes[key].endpoint == "http://127.0.0.1:9000"

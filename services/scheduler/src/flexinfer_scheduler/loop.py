@@ -394,15 +394,19 @@ class Scheduler:
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
         # The write runs while the routes are built and sent (on a first pass over 10,000 models Postgres took
-        # 0.2 s over it, the routes 0.25 s of Python); nothing else goes out before it is stored.
+        # 0.2 s over it, the routes 0.25 s of Python), all but those that make a model ready: a proxy serves the
+        # model once it reads one, and by then the admin API must show it Ready. They, and everything else, wait
+        # until the plan is stored.
         write = asyncio.create_task(self.store.apply_plans(world, plans, now))
+        routes = self._changed_routes(plans, now)
         try:
-            await self._publish_routes(plans, now)
+            await self._put_routes([r for r in routes if not r[2].ready])
             await write  # a failed write raises here: no command nor status goes out for a plan not stored
         except BaseException:
             if not write.cancel() and not write.cancelled():
                 write.exception()  # (retrieved: its failure is not what is raised)
             raise
+        await self._put_routes([r for r in routes if r[2].ready])
         for group, plan in zip(world.groups, plans, strict=True):
             self._group_gauges.show(plan.group, group_view(group, plan))
         if groups is None:
@@ -412,27 +416,30 @@ class Scheduler:
             await self._forget_deleted({key for plan in plans for key in plan.members})
         return PassResult(plans, elapsed)
 
-    async def _publish_routes(self, plans: list[GroupPlan], now: datetime) -> None:
+    def _changed_routes(self, plans: list[GroupPlan], now: datetime) -> list[tuple[ModelKey, tuple[Any, ...], Route]]:
         """The routes that changed, first of what a pass publishes (the proxies read them: a model being parked was
         already published not ready, in the pass that started its drain). What did not change is left out before
         any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here)."""
-        routes = [
+        return [
             r
             for plan in plans
             for k, v in plan.statuses.items()
             if (r := self._route(plan.members[k], plan.group, v, now))
         ]
-        if routes:
-            try:
-                written = await self.bus.put_routes([route for _, _, route in routes])
-            except Exception as exc:
-                log.warning("route publish failed; retrying next pass", extra={"error": repr(exc)})
-                written = [False] * len(routes)
-            for (key, fields, _), ok in zip(routes, written, strict=True):
-                if ok:
-                    self._routes[key] = fields
-            if not all(written):
-                log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
+
+    async def _put_routes(self, routes: list[tuple[ModelKey, tuple[Any, ...], Route]]) -> None:
+        if not routes:
+            return
+        try:
+            written = await self.bus.put_routes([route for _, _, route in routes])
+        except Exception as exc:
+            log.warning("route publish failed; retrying next pass", extra={"error": repr(exc)})
+            written = [False] * len(routes)
+        for (key, fields, _), ok in zip(routes, written, strict=True):
+            if ok:
+                self._routes[key] = fields
+        if not all(written):
+            log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
 
     async def _publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
         """What the stored plans say to publish after their routes: commands, then what only observers read

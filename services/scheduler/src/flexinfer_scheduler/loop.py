@@ -1,5 +1,6 @@
 """The scheduler's loop: observe (bus inputs into the store) -> decide (plan_group, pure) -> apply (one
-transaction, then what the plan says to publish: routes, statuses, events and, last, commands).
+statement, written while the routes that do not make a model ready go out; once it is stored, the routes that do,
+then commands, statuses, group statuses and swap events together, commands first).
 
 Event-driven for speed (a demand, an in-flight report or a runtime report starts a pass at once) and
 level-triggered for safety (a pass runs every reconcile interval anyway). Only the replica holding the leader lock
@@ -399,6 +400,7 @@ class Scheduler:
         # until the plan is stored.
         write = asyncio.create_task(self.store.apply_plans(world, plans, now))
         routes = self._changed_routes(plans, now)
+        ready = [r for r in routes if r[2].ready]
         try:
             await self._put_routes([r for r in routes if not r[2].ready])
             await write  # a failed write raises here: no command nor status goes out for a plan not stored
@@ -406,7 +408,7 @@ class Scheduler:
             if not write.cancel() and not write.cancelled():
                 write.exception()  # (retrieved: its failure is not what is raised)
             raise
-        await self._put_routes([r for r in routes if r[2].ready])
+        await self._put_routes(ready)
         for group, plan in zip(world.groups, plans, strict=True):
             self._group_gauges.show(plan.group, group_view(group, plan))
         if groups is None:
@@ -417,9 +419,10 @@ class Scheduler:
         return PassResult(plans, elapsed)
 
     def _changed_routes(self, plans: list[GroupPlan], now: datetime) -> list[tuple[ModelKey, tuple[Any, ...], Route]]:
-        """The routes that changed, first of what a pass publishes (the proxies read them: a model being parked was
-        already published not ready, in the pass that started its drain). What did not change is left out before
-        any I/O (a quiet pass over 10,000 models publishes nothing and costs nothing here)."""
+        """The routes that changed, the first of what a pass publishes (the proxies read them: a model being parked
+        was already published not ready, in the pass that started its drain); those that make a model ready go out
+        once the plan is stored. What did not change is left out before any I/O (a quiet pass over 10,000 models
+        publishes nothing and costs nothing here)."""
         return [
             r
             for plan in plans

@@ -36,22 +36,27 @@ run: install ## Run the whole system on this machine with two fake models sharin
 test: install ## Run every test (unit, integration with real NATS and Postgres, end to end)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+.PHONY: real-servers
+real-servers: ## Build or find the real inference servers the e2e suite uses (llama.cpp; cached in ~/.cache/flexinfer)
+	$(PYTHON) scripts/install_real_servers.py
+
 .PHONY: test-unit
-test-unit: install ## Only the pure-logic tests
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+test-unit: install ## Only the tests that start nothing (no NATS, PostgreSQL or Kubernetes emulator)
+	$(BIN)/pytest tests/unit -m "not (integration or emulator or e2e or chaos)" $(PYTEST_ARGS)
 
 .PHONY: test-chaos
 test-chaos: install ## The full chaos suite: 1,000 requests while every service, NATS and Postgres are SIGKILLed
 	FLEXINFER_CHAOS_FULL=1 $(BIN)/pytest -s tests/chaos $(PYTEST_ARGS)
 
 .PHONY: verify
-verify: install ## Lint, format check, strict types, import contracts, migrations in sync with the models
+verify: install ## Lint, format check, strict types, import contracts, migrations in sync with the models, generated docs up to date
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_migrations.py
 	$(BIN)/python scripts/gen_events_doc.py --check
+	$(BIN)/python scripts/gen_reference_doc.py --check
 	$(BIN)/python scripts/gen_chart_schemas.py --check
 
 .PHONY: chart-lint
@@ -59,8 +64,9 @@ chart-lint: install ## Lint and render the Helm charts; validate them, the CRDs,
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_charts.py tests/unit/test_metrics.py
 
 .PHONY: docs
-docs: install ## Regenerate docs/events.md from the message schemas and charts/*/values.schema.json
+docs: install ## Regenerate docs/events.md, the tables of docs/reference.md (settings, metrics, CLI) and charts/*/values.schema.json
 	$(BIN)/python scripts/gen_events_doc.py
+	$(BIN)/python scripts/gen_reference_doc.py
 	$(BIN)/python scripts/gen_chart_schemas.py
 
 .PHONY: charts

@@ -95,6 +95,9 @@ def main() -> int:
             tmp,
             FLEXINFER_QUEUE_MAX=str(args.requests * 2),
             FLEXINFER_QUEUE_TIMEOUT="5m",
+            # every client is on loopback: no per-address cap, and room for all of them (the default is 8192)
+            FLEXINFER_PROXY_MAX_CONNECTIONS=str(args.requests + 1000),
+            FLEXINFER_PROXY_MAX_CONNECTIONS_PER_CLIENT="0",
         ) as proxy,
     ):
         upstream_url = f"http://127.0.0.1:{upstream.port}"

@@ -117,7 +117,8 @@ def main() -> int:
         workdir() as tmp,
         sse_upstream(chunks=args.chunks, interval=args.interval) as model_port,
         embedded_nats(tmp) as nats_url,
-        proxy_process(nats_url, tmp) as proxy,
+        # (every stream comes from loopback: no per-address cap, 1,024 by default)
+        proxy_process(nats_url, tmp, FLEXINFER_PROXY_MAX_CONNECTIONS_PER_CLIENT="0") as proxy,
     ):
         model_url = f"http://127.0.0.1:{model_port}"
         asyncio.run(put_route(nats_url, "m1", endpoint=model_url))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from flexinfer_cli.simulate import POLICIES, Outcome, Settings, Simulation, load_trace, simulate
+from flexinfer_cli.simulation import POLICIES, Outcome, Settings, Simulation, load_trace, simulate
 
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from swap_overhead import database, reset_streams, shipped_timings, timed_chat  # noqa: E402
 
-from tests.support.kube import NodeConfig, running_cluster  # noqa: E402
-from tests.support.kube_models import create, model_deployment, model_resource  # noqa: E402
-from tests.support.servers import start_test_servers  # noqa: E402
-from tests.support.system import System, fake_model, running_system  # noqa: E402
+from flexinfer_testbed.kube import NodeConfig, running_cluster  # noqa: E402
+from flexinfer_testbed.kube_models import create, model_deployment, model_resource  # noqa: E402
+from flexinfer_testbed.servers import start_test_servers  # noqa: E402
+from flexinfer_testbed.system import System, fake_model, running_system  # noqa: E402
 
 GOAL = 0.1
 DEMAND_WINDOW = 1.0

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import tempfile
 import uuid
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alembic import command
 
 from flexinfer_cli.embedded import EmbeddedPostgres
 from flexinfer_common.db import _alembic_config, upgrade_database_sync
-from tests.support.servers import create_test_database, drop_test_database, normalize_database_url
+from flexinfer_testbed.servers import create_test_database, drop_test_database, normalize_database_url
 
 
 def main() -> int:

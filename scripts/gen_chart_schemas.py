@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
+
+from generated_file import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARTS = ROOT / "charts"
@@ -77,6 +78,20 @@ def connection(url_key: str, secret_key: str, *, generated: bool = False, instal
 
 
 NATS = connection("url", "nats-url")
+NATS["properties"].update(
+    {
+        "credentialsSecret": text(description="A Secret with this service's NATS user and password"),
+        "userKey": text(minLength=1, default="user"),
+        "passwordKey": text(minLength=1, default="password"),
+        "tls": strict(
+            {
+                "existingSecret": text(description="A Secret with ca.crt (and tls.crt, tls.key for mutual TLS)"),
+                "caKey": text(minLength=1, default="ca.crt"),
+                "clientCertificate": flag("Present this service's tls.crt and tls.key to the server"),
+            }
+        ),
+    }
+)
 DATABASE = connection("url", "database-url")
 ADMIN_TOKEN = connection("value", "admin-token")
 
@@ -233,6 +248,7 @@ SCHEMAS: dict[str, Schema] = {
             "rendering": strict(
                 {
                     "gpuResource": text(minLength=1),
+                    "sharedGpuResource": text(minLength=1),
                     "modelCacheClaim": text(),
                     "tmpfsRoot": text(pattern="^/"),
                     "flashLoaderImage": text(),
@@ -328,19 +344,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when a values.schema.json is not up to date")
     args = parser.parse_args()
-    stale = []
-    for chart, schema in SCHEMAS.items():
-        path = CHARTS / chart / "values.schema.json"
-        wanted = rendered(schema)
-        if args.check:
-            if not path.is_file() or path.read_text() != wanted:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            path.write_text(wanted)
-    if stale:
-        print(f"out of date (run `make docs`): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    failed = [
+        write_or_check(CHARTS / chart / "values.schema.json", rendered(schema), check=args.check)
+        for chart, schema in SCHEMAS.items()
+    ]
+    return 1 if any(failed) else 0
 
 
 if __name__ == "__main__":

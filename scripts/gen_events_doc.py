@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+from generated_file import write_or_check
 
 from flexinfer_common.messages import ALL_MESSAGES
 
@@ -54,16 +55,7 @@ def render() -> str:
 
 
 def main() -> int:
-    text = render()
-    if "--check" in sys.argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print("docs/events.md is stale: run `make docs`", file=sys.stderr)
-            return 1
-        print("docs/events.md is up to date")
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(OUT, render())
 
 
 if __name__ == "__main__":

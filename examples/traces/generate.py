@@ -1,6 +1,6 @@
 """Writes the example traces of `flexinfer simulate` (deterministic: the same files every run).
 
-python examples/traces/generate.py        # rewrites the three .jsonl files beside this script
+python examples/traces/generate.py        # rewrites the .jsonl files beside this script
 """
 
 from __future__ import annotations
@@ -12,16 +12,33 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def write(name: str, models: list[dict[str, object]], requests: list[dict[str, object]], about: str) -> None:
+#: where ``write`` puts a trace: this folder, or (for bench/policy_comparison.py's variants) a list of lines
+OUT: dict[str, list[str]] | None = None
+
+
+def write(
+    name: str,
+    models: list[dict[str, object]],
+    requests: list[dict[str, object]],
+    about: str,
+    capacity: dict[str, object] | None = None,
+) -> None:
     requests.sort(key=lambda r: float(r["at"]))  # type: ignore[arg-type]
-    lines = [f"# {about}"] + [json.dumps(m) for m in models]
+    lines = [f"# {about}"] + ([json.dumps({"capacity": capacity})] if capacity is not None else [])
+    lines += [json.dumps(m) for m in models]
     lines += [json.dumps({**r, "at": round(float(r["at"]), 3)}) for r in requests]  # type: ignore[arg-type]
-    (HERE / name).write_text("\n".join(lines) + "\n")
+    if OUT is not None:
+        OUT[name] = lines
+    else:
+        (HERE / name).write_text("\n".join(lines) + "\n")
 
 
 def homelab_day(rng: random.Random) -> None:
-    """24 hours on one GPU: chat through the day and evening, a code assistant in working hours, embedding
-    batches a few times a day, an image model now and then."""
+    """24 hours on one 24 GB GPU: chat through the day and evening, a code assistant in working hours, embedding
+    batches a few times a day, an image model now and then. The memory each holds when loaded (weights and KV
+    cache), as measured for common models: chat an 8B instruct model at 4 bits (~6 GiB), code a 7B coder at 4 bits
+    (~5 GiB), embed a small embedding model (<1 GiB), image a 12B image model (FLUX.1-dev class) at 8 bits with its
+    text encoders (~16 GiB): chat, code and embed fit side by side; image fits beside chat or code, not both."""
     models = [
         {
             "model": "chat",
@@ -30,6 +47,7 @@ def homelab_day(rng: random.Random) -> None:
             "tokensPerSecond": 45,
             "concurrency": 4,
             "idleTimeout": "3m",
+            "memory": "6Gi",
         },
         {
             "model": "code",
@@ -38,9 +56,17 @@ def homelab_day(rng: random.Random) -> None:
             "tokensPerSecond": 35,
             "concurrency": 2,
             "idleTimeout": "3m",
+            "memory": "5Gi",
         },
-        {"model": "embed", "priority": 50, "loadSeconds": 8, "tokensPerSecond": 2000, "concurrency": 8},
-        {"model": "image", "priority": 10, "loadSeconds": 60, "concurrency": 1},
+        {
+            "model": "embed",
+            "priority": 50,
+            "loadSeconds": 8,
+            "tokensPerSecond": 2000,
+            "concurrency": 8,
+            "memory": "768Mi",
+        },
+        {"model": "image", "priority": 10, "loadSeconds": 60, "concurrency": 1, "memory": "16Gi"},
     ]
     requests: list[dict[str, object]] = []
 
@@ -59,14 +85,20 @@ def homelab_day(rng: random.Random) -> None:
             requests.append({"at": t + i * 0.5, "model": "embed", "tokens": 400})
     for _ in range(6):
         requests.append({"at": rng.uniform(10, 22) * 3600, "model": "image", "serviceSeconds": 8})
-    write("homelab-day.jsonl", models, requests, "A homelab day: chat, code, embeddings and images share one GPU")
+    write(
+        "homelab-day.jsonl",
+        models,
+        requests,
+        "A homelab day: chat, code, embeddings and images share one 24 GB GPU",
+        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+    )
 
 
 def bursty_two_models(rng: random.Random) -> None:
     """Two hours, two equal-priority models, each used in bursts that often overlap."""
     models = [
-        {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4},
-        {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4},
+        {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4, "memory": "6Gi"},
+        {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4, "memory": "6Gi"},
     ]
     requests: list[dict[str, object]] = []
     for model in ("a", "b"):
@@ -75,24 +107,155 @@ def bursty_two_models(rng: random.Random) -> None:
             for _ in range(rng.randint(5, 25)):
                 requests.append({"at": t, "model": model, "tokens": rng.randint(50, 400)})
                 t += rng.expovariate(1 / 3)
-    write("bursty-two-models.jsonl", models, requests, "Two equal-priority models in overlapping bursts")
+    write(
+        "bursty-two-models.jsonl",
+        models,
+        requests,
+        "Two equal-priority models in overlapping bursts (two 7B models at 4 bits on a 16 GB card)",
+        capacity={"devices": 1, "memoryPerDevice": "16Gi"},
+    )
 
 
 def adversarial_alternation() -> None:
     """One hour of steady traffic on two equal-priority models at once: neither is ever idle. A policy that
     never preempts a busy model starves one of them; one that preempts at every request thrashes."""
     models = [
-        {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2},
-        {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2},
+        {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2, "memory": "14Gi"},
+        {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2, "memory": "14Gi"},
     ]
     requests: list[dict[str, object]] = []
     for i in range(360):
         requests.append({"at": i * 10.0, "model": "a", "tokens": 120})
         requests.append({"at": i * 10.0 + 5, "model": "b", "tokens": 120})
-    write("adversarial-alternation.jsonl", models, requests, "Steady, interleaved traffic on two busy models")
+    write(
+        "adversarial-alternation.jsonl",
+        models,
+        requests,
+        "Steady, interleaved traffic on two busy models (14 GiB each on a 24 GiB card: they never fit together)",
+        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+    )
+
+
+def team_working_day(rng: random.Random, name: str = "team-working-day.jsonl") -> None:
+    """Eight working hours of a team: two equal-priority assistants (a code assistant and a chat assistant) used in
+    interleaved sessions all day, and a lower-priority summarizer that digests documents in the afternoon."""
+    models = [
+        {"model": "code", "priority": 50, "loadSeconds": 32, "tokensPerSecond": 40, "concurrency": 4, "memory": "9Gi"},
+        {"model": "chat", "priority": 50, "loadSeconds": 26, "tokensPerSecond": 45, "concurrency": 4, "memory": "7Gi"},
+        {
+            "model": "summarize",
+            "priority": 10,
+            "loadSeconds": 20,
+            "tokensPerSecond": 60,
+            "concurrency": 2,
+            "memory": "10Gi",
+        },
+    ]
+    requests: list[dict[str, object]] = []
+
+    def sessions(model: str, start_h: float, end_h: float, count: int, turns: tuple[int, int], tokens: int) -> None:
+        for _ in range(count):
+            t = rng.uniform(start_h, end_h) * 3600
+            for _ in range(rng.randint(*turns)):
+                requests.append({"at": t, "model": model, "tokens": int(rng.expovariate(1 / tokens)) + 20})
+                t += rng.uniform(10, 60)
+
+    sessions("code", 0, 8, 30, (8, 25), 260)
+    sessions("chat", 0, 8, 30, (8, 25), 220)
+    for _ in range(10):  # documents of 10-25 pages, a request a page
+        t = rng.uniform(4, 7.5) * 3600
+        for _ in range(rng.randint(10, 25)):
+            requests.append({"at": t, "model": "summarize", "tokens": rng.randint(200, 500)})
+            t += rng.uniform(0.5, 4)
+    write(
+        name,
+        models,
+        requests,
+        "A team's working day: two equal-priority assistants, a summarizer after lunch (24 GiB: any two fit)",
+        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+    )
+
+
+def chat_beside_batch(rng: random.Random, name: str = "chat-beside-batch.jsonl") -> None:
+    """Six hours: a high-priority chat used steadily all day, a low-priority batch job of 150 requests every 40
+    minutes, and a middle-priority model asked a few times."""
+    models = [
+        {
+            "model": "chat",
+            "priority": 100,
+            "loadSeconds": 28,
+            "tokensPerSecond": 45,
+            "concurrency": 4,
+            "memory": "10Gi",
+        },
+        {"model": "batch", "priority": 10, "loadSeconds": 22, "tokensPerSecond": 80, "concurrency": 8, "memory": "9Gi"},
+        {
+            "model": "vision",
+            "priority": 50,
+            "loadSeconds": 40,
+            "tokensPerSecond": 30,
+            "concurrency": 1,
+            "memory": "12Gi",
+        },
+    ]
+    requests: list[dict[str, object]] = []
+    t = 0.0
+    while t < 6 * 3600:
+        requests.append({"at": t, "model": "chat", "tokens": int(rng.expovariate(1 / 250)) + 20})
+        t += rng.expovariate(1 / 55)
+    for k in range(9):
+        start = 600 + k * 2400 + rng.uniform(0, 60)
+        for i in range(150):
+            requests.append({"at": start + i * 0.2, "model": "batch", "tokens": rng.randint(100, 400)})
+    for _ in range(rng.randint(3, 8)):
+        t = rng.uniform(0, 6) * 3600
+        for _ in range(rng.randint(1, 4)):
+            requests.append({"at": t, "model": "vision", "tokens": rng.randint(80, 300)})
+            t += rng.uniform(10, 60)
+    write(
+        name,
+        models,
+        requests,
+        "Steady high-priority chat, a low-priority batch every 40 min, a rare vision model (24 GiB: chat and one more)",
+        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+    )
+
+
+def many_models(rng: random.Random, name: str = "many-models.jsonl") -> None:
+    """Four hours, eight equal-priority models of Zipf-like popularity, each used in short sessions."""
+    names = [f"m{i}" for i in range(1, 9)]
+    models = [
+        {
+            "model": n,
+            "priority": 10,
+            "loadSeconds": rng.choice([12, 20, 28, 35, 45]),
+            "tokensPerSecond": 40,
+            "concurrency": 2,
+            "memory": f"{size}Gi",
+        }
+        for n, size in zip(names, (8, 6, 10, 5, 12, 7, 9, 4), strict=True)
+    ]
+    weights = [1 / (i + 1) for i in range(len(names))]
+    requests: list[dict[str, object]] = []
+    for _ in range(80):
+        model = rng.choices(names, weights)[0]
+        t = rng.uniform(0, 4) * 3600
+        for _ in range(rng.randint(2, 8)):
+            requests.append({"at": t, "model": model, "tokens": int(rng.expovariate(1 / 200)) + 20})
+            t += rng.uniform(5, 60)
+    write(
+        name,
+        models,
+        requests,
+        "Eight equal-priority models of Zipf-like popularity, short sessions (4-12 GiB each on a 24 GiB card)",
+        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+    )
 
 
 if __name__ == "__main__":
     homelab_day(random.Random(11))
     bursty_two_models(random.Random(7))
     adversarial_alternation()
+    team_working_day(random.Random(23))
+    chat_beside_batch(random.Random(29))
+    many_models(random.Random(31))

@@ -1,8 +1,9 @@
 """The chaos suite (docs/operations.md, "Reliability"): the whole system as a user runs it (`flexinfer up`, which
 supervises its embedded NATS and PostgreSQL and its services) plus a second proxy, three models time-sharing one
 GPU group, and a stream of requests that makes the group swap, while the suite SIGKILLs the scheduler, the actuator,
-the lease manager, one of the two proxies, NATS and PostgreSQL, once each, at random moments. `flexinfer up` brings
-back what it supervises; the suite restarts its own proxy.
+the lease manager, one of the two proxies, NATS and PostgreSQL, once each, at random moments, and hangs the
+scheduler once (SIGSTOP: the process lives on, answering nothing). `flexinfer up` brings back what it supervises
+(the hung scheduler through its liveness probe: killed and replaced); the suite restarts its own proxy.
 
 Afterwards:
 - every request got 2xx or a documented 429/503/504: none lost, none reset (the client is a load balancer in front
@@ -12,7 +13,9 @@ Afterwards:
   lines, published or not while NATS was down; a restarted actuator runs nothing, its model processes die with
   the old one);
 - the system converged to the correct leader (the model the final requests ask for) within CONVERGENCE_BOUND
-  seconds of the last fault being healed.
+  seconds of the last fault being healed;
+- the hung scheduler was killed within its liveness threshold (LIVENESS_BOUND) and is not left behind, and its
+  admin API answered again.
 
 `make test` runs a reduced version (300 requests over 40 s, every fault once); `make test-chaos` the full one
 (1,000 requests over 90 s). FLEXINFER_CHAOS_REQUESTS, FLEXINFER_CHAOS_SECONDS and FLEXINFER_CHAOS_SEED override.
@@ -48,12 +51,21 @@ SECONDS = float(os.environ.get("FLEXINFER_CHAOS_SECONDS", "90" if FULL else "40"
 SEED = int(os.environ.get("FLEXINFER_CHAOS_SEED", str(random.SystemRandom().randrange(1_000_000))))
 MODELS = ("a", "b", "c")
 GROUP = "chaos-gpu"
-FAULTS = ("scheduler", "actuator", "lease-manager", "proxy-b", "nats", "postgres")
+FAULTS = ("scheduler", "actuator", "lease-manager", "proxy-b", "nats", "postgres", "scheduler-hung")
+# `up`'s liveness probe in this suite: every 1 s, 1 s each, 3 failures in a row (the default threshold). A hung
+# service is killed at most 3 x (1 + 1) s after it stops answering; 2 s of slack for a loaded machine.
+LIVENESS = {"FLEXINFER_LIVENESS_PERIOD": "1s", "FLEXINFER_LIVENESS_TIMEOUT": "1s"}
+LIVENESS_BOUND = 3 * (1 + 1) + 2.0
 DOCUMENTED = {200, 429, 503, 504}
 # A chat completion whose model dies after it was sent gets 502 `upstream_unavailable` (services/proxy/README.md,
 # "Retries": completions are never replayed). Killing the actuator kills the model processes it runs, so a 502 is
-# documented for a request that was in flight at an actuator kill, and for no other.
+# documented for a request that was in flight at an actuator kill, and for no other. The model processes die
+# after their actuator (its death signal reaches them, then they shut down), and until the restarted actuator
+# reports, the route still names the dying server: a request sent in that moment is in flight when its model dies
+# of the same kill (seen: two sent 50 ms after the kill got 502). A kill counts for requests sent up to
+# MODEL_DEATH_AFTER_KILL after it.
 MODEL_DIED = 502
+MODEL_DEATH_AFTER_KILL = 2.0
 CONVERGENCE_BOUND = 30.0  # seconds from the last fault healed to the correct leader Ready
 
 MANIFEST = "\n---\n".join(
@@ -103,6 +115,7 @@ class Fault:
     killed_pid: int = 0
     killed_at: float = 0.0  # seconds into the traffic when it was killed (after the previous fault healed)
     healed_after: float = 0.0  # seconds from the kill until it answered again
+    killed_after: float = 0.0  # a hung service: seconds from its SIGSTOP until `up` killed it
 
 
 @dataclass
@@ -119,6 +132,14 @@ class Chaos:
         variable = "FLEXINFER_" + service.upper().replace("-", "_") + "_PORT"
         return f"http://127.0.0.1:{self.env[variable]}"
 
+    def liveness_answered(self, service: str, pid: int) -> bool:
+        """Whether `up` logged that process ``pid`` of ``service`` answered its liveness probe (from then on its
+        failed probes count)."""
+        for line in self.log.read_text(errors="replace").splitlines():
+            if f'"{service} answers its liveness probe"' in line and f'"pid": {pid},' in line:
+                return True
+        return False
+
     def pid_of(self, target: str) -> int | None:
         marker = TARGETS[target]
         for pid, cmdline in children(self.up.pid).items():
@@ -130,6 +151,9 @@ class Chaos:
         assert self.proxy_b_log is not None
         env = {**self.env, "FLEXINFER_PROXY_PORT": self.env["PROXY_B_PORT"], "FLEXINFER_INSTANCE_ID": "proxy-b"}
         env["FLEXINFER_ADMIN_TOKEN"] = self.token
+        # The second proxy connects as the proxy identity, as `flexinfer up`'s own does (the bus requires it).
+        passwords = json.loads((Path(self.env["FLEXINFER_STATE_DIR"]) / "nats-credentials.json").read_text())
+        env.update(FLEXINFER_NATS_USER="proxy", FLEXINFER_NATS_PASSWORD=passwords["proxy"])
         with self.proxy_b_log.open("ab") as out:
             self.proxy_b = subprocess.Popen(
                 [sys.executable, "-m", "flexinfer_proxy"], env=env, stdout=out, stderr=subprocess.STDOUT
@@ -139,6 +163,14 @@ class Chaos:
 async def ready(http: aiohttp.ClientSession, url: str) -> bool:
     try:
         async with http.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def answers(http: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
             return response.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
@@ -172,6 +204,7 @@ def flexinfer_up(tmp_path: Path) -> Iterator[Chaos]:
         FLEXINFER_QUEUE_TIMEOUT="45s",
         FLEXINFER_PARK_GRACE_PERIOD="2s",
         FLEXINFER_COMMAND_RETRY="2s",
+        **LIVENESS,
     )
     log = tmp_path / "up.log"
     with log.open("wb") as out:
@@ -306,6 +339,24 @@ async def inject(chaos: Chaos, fault: Fault, http: aiohttp.ClientSession, rng: r
         await asyncio.sleep(rng.uniform(0.5, 2.0))  # the suite brings its own proxy back
         chaos.start_proxy_b()
         await until_ready(http, f"http://127.0.0.1:{chaos.env['PROXY_B_PORT']}")
+    elif fault.target == "scheduler-hung":
+        # a scheduler restarted by an earlier fault that up's probe has not seen answer yet is in up's initial
+        # liveness delay (30 s): hang one whose answer up logged, so its failed probes count at once
+        pid = chaos.pid_of("scheduler")
+        while pid is None or not chaos.liveness_answered("scheduler", pid):  # polls another process's log
+            await asyncio.sleep(0.1)
+            pid = chaos.pid_of("scheduler")
+        started = time.monotonic()
+        fault.killed_pid = pid
+        os.kill(pid, signal.SIGSTOP)  # hung, not dead: only the liveness probe can tell
+        while process_state(pid) not in (None, "Z"):  # noqa: ASYNC110 - another process, nothing to await
+            await asyncio.sleep(0.05)
+        fault.killed_after = time.monotonic() - started
+        while True:
+            current = chaos.pid_of("scheduler")
+            if current is not None and current != pid and await ready(http, chaos.url("scheduler")):
+                break
+            await asyncio.sleep(0.1)
     else:
         pid = chaos.pid_of(fault.target)
         assert pid is not None, f"no {fault.target} process under flexinfer up"
@@ -323,6 +374,14 @@ async def inject(chaos: Chaos, fault: Fault, http: aiohttp.ClientSession, rng: r
                     break
             await asyncio.sleep(0.1)
     fault.healed_after = time.monotonic() - started
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in /proc (T: stopped, Z: zombie), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
 
 
 async def embedded_port(chaos: Chaos, target: str) -> int | None:
@@ -403,10 +462,9 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
         print(f"  re-sent by the load balancer after a refused/reset connection: {resent}")
         print(f"  swaps             {len(swaps['items'])}")
         for fault in chaos.faults:
-            print(
-                f"  fault             SIGKILL {fault.target:14s} at {fault.killed_at:5.1f} s, "
-                f"back in {fault.healed_after:4.1f} s"
-            )
+            how = f"SIGSTOP {'scheduler':14s}" if fault.target == "scheduler-hung" else f"SIGKILL {fault.target:14s}"
+            killed = f" (killed by up after {fault.killed_after:.1f} s)" if fault.target == "scheduler-hung" else ""
+            print(f"  fault             {how} at {fault.killed_at:5.1f} s, back in {fault.healed_after:4.1f} s{killed}")
         print(f"  supervisor restarts logged by flexinfer up: {len(restarts)}")
         print(f"  invariant checks  {events} actuator events, {len(violations)} with two models running")
         print(
@@ -415,6 +473,10 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
         )
 
     assert not violations, violations[:5]
+    [hung] = [f for f in chaos.faults if f.target == "scheduler-hung"]
+    assert 0 < hung.killed_after <= LIVENESS_BOUND, hung
+    assert process_state(hung.killed_pid) is None, "the hung scheduler was left behind"
+    assert "its liveness probe failed" in chaos.log.read_text()
     assert events > 0
     lost = [o for o in outcomes if o.status is None]
     assert not lost, lost[:3]
@@ -424,7 +486,7 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
         for o in outcomes
         if o.status == MODEL_DIED
         and o.code == "upstream_unavailable"
-        and any(o.started <= kill <= o.ended for kill in actuator_kills)
+        and any(o.started - MODEL_DEATH_AFTER_KILL <= kill <= o.ended for kill in actuator_kills)
     ]
     assert set(int(c) for c in codes) <= DOCUMENTED | {MODEL_DIED}, codes
     assert codes[str(MODEL_DIED)] == len(model_died), [o for o in outcomes if o.status == MODEL_DIED]

@@ -232,3 +232,212 @@ def test_the_defaults_expose_nothing_and_refuse_what_is_not_allowed(up: Up, tmp_
     assert len(logs) > 1
     for log in logs:
         assert token not in log.read_text(errors="replace"), log
+
+
+async def _forge(url: str, user: str | None, password: str | None) -> tuple[str, list[str]]:
+    """The issue's bus attacks, as ``user`` (None: without credentials): a route to the attacker's server, an
+    activate with a huge generation for the parked model, a park of the serving one. Returns how the connection
+    went and the server's errors (each refused publish is answered with a permissions violation)."""
+    import asyncio
+    import contextlib
+
+    import nats
+
+    from flexinfer_common.enums import ScaleAction
+    from flexinfer_common.messages import RuntimeSpec, ScaleCommand
+    from flexinfer_common.subjects import ROUTES_BUCKET, command_subject
+
+    errors: list[str] = []
+    three_refused = asyncio.Event()
+
+    async def note(exc: Exception) -> None:
+        errors.append(str(exc))
+        if sum("permissions violation for publish" in e.lower() for e in errors) >= 3:
+            three_refused.set()
+
+    try:
+        nc = await nats.connect(
+            url, user=user, password=password, error_cb=note, allow_reconnect=False, connect_timeout=2
+        )
+    except Exception as exc:
+        return f"refused: {exc}", errors
+    route = {"namespace": "default", "name": "chat-large", "endpoint": "http://127.0.0.1:9/", "ready": True}
+    await nc.publish(f"$KV.{ROUTES_BUCKET}.default.chat-large", json.dumps({**route, "generation": 10**6}).encode())
+    for model, action in (("chat-small", ScaleAction.ACTIVATE), ("chat-large", ScaleAction.PARK)):
+        forged = ScaleCommand(
+            namespace="default",
+            model=model,
+            action=action,
+            generation=10**6,
+            leader_epoch=10**6,
+            runtime=RuntimeSpec(namespace="default", name=model, command=["flexinfer-fake-model", "--port", "{port}"]),
+            issued_at="2026-01-01T00:00:00Z",
+        )
+        await nc.publish(command_subject("default", model), forged.to_bytes())
+    await nc.flush()
+    with contextlib.suppress(TimeoutError):  # the server's refusals arrive shortly after
+        await asyncio.wait_for(three_refused.wait(), 5)
+    await nc.close()
+    return "connected", errors
+
+
+def test_the_bus_refuses_a_local_attacker_and_a_demand_producer_forgeries(up: Up) -> None:
+    import asyncio
+
+    state = Path(up.env["FLEXINFER_STATE_DIR"])
+    wait_until(lambda: models(up)["chat-large"]["status"]["phase"] == "Ready", 30, "chat-large to be Ready")
+    creds = state / "nats-credentials.json"
+    assert state.stat().st_mode & 0o066 == 0  # others cannot list it (a search bit stays for PostgreSQL as root)
+    assert creds.stat().st_mode & 0o777 == 0o600
+    assert (state / "nats" / "nats.conf").stat().st_mode & 0o777 == 0o600
+    passwords = json.loads(creds.read_text())
+    url = up.env.get("FLEXINFER_NATS_URL", "nats://127.0.0.1:4222")
+
+    # A local user without the credentials cannot even connect (on main: connected, and every forgery landed).
+    outcome, _ = asyncio.run(_forge(url, None, None))
+    assert outcome.startswith("refused") and "Authorization Violation" in outcome
+    # The demand identity (what an external producer holds) connects, but each forgery is refused and dropped.
+    outcome, errors = asyncio.run(_forge(url, "demand", passwords["demand"]))
+    assert outcome == "connected"
+    refused = [e for e in errors if "permissions violation for publish" in e.lower()]
+    assert len(refused) == 3, errors
+    # `flexinfer demand` still works as that identity (from the state folder, as a user runs it).
+    assert "flexinfer.demand.default.chat-small" in up.cli("demand", "chat-small")
+
+    # Nothing changed: the requests still reach the real model, which still runs alone.
+    response = up.chat("chat-large", "still me")
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "[chat-large] still me"
+    processes = httpx.get(up.url("actuator") + "/api/v1/processes", headers=up.auth(), timeout=5).json()["items"]
+    assert [p["name"] for p in processes] == ["chat-large"]
+    assert models(up)["chat-large"]["status"]["phase"] == "Ready"
+
+    # No bus password in any log line.
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(timeout=30) == 0
+    text = up.log.read_text(errors="replace")
+    for identity, password in passwords.items():
+        assert password not in text, identity
+
+
+PEERS = """
+apiVersion: ai.flexinfer/v1alpha2
+kind: Model
+metadata: {name: peer-a}
+spec:
+  gpu: {shared: peers, priority: 10, swapCooldown: 1s}
+  local: {command: ["flexinfer-fake-model", "--port", "{port}", "--model", "peer-a", "--token-delay", "0.05"]}
+---
+apiVersion: ai.flexinfer/v1alpha2
+kind: Model
+metadata: {name: peer-b}
+spec:
+  gpu: {shared: peers, priority: 10, swapCooldown: 1s, maxWait: 5s}
+  local: {command: ["flexinfer-fake-model", "--port", "{port}", "--model", "peer-b"]}
+"""
+
+
+def test_a_request_behind_a_busy_peer_is_served_within_its_bound_with_a_3s_window(up: Up, tmp_path: Path) -> None:
+    """The scheduling issue's starvation case, live: a 3 s demand window, two clients looping on peer-a (answers of
+    a few tenths of a second), one request for peer-b of equal priority. peer-b's demand must not lapse between the
+    proxy's refreshes: it stays Queued (never Parked) until its bound (maxWait 5 s) hands it the card."""
+    import threading
+
+    manifest = tmp_path / "peers.yaml"
+    manifest.write_text(PEERS)
+    up.cli("apply", "-f", str(manifest))
+    assert up.chat("peer-a", "warm up", timeout=60).status_code == 200
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            answered.append(up.chat("peer-a", "busy " * 4, timeout=120).status_code)
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for thread in clients:
+        thread.start()
+    try:
+        wait_until(lambda: len(answered) >= 4, 30, "peer-a to be answering in a loop")
+        result: list[httpx.Response] = []
+        waiting = threading.Thread(target=lambda: result.append(up.chat("peer-b", "my turn", timeout=120)))
+        started = time.monotonic()
+        waiting.start()
+        states = []
+        while waiting.is_alive():
+            state = models(up)["peer-b"]["status"].get("sharedGroup", {}).get("state")
+            if not result:
+                states.append(state)
+            waiting.join(timeout=0.3)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert result and result[0].status_code == 200, result[0].text if result else "no answer"
+    assert result[0].json()["choices"][0]["message"]["content"] == "[peer-b] my turn"
+    # the bound (5 s) + the busy holder's hold (its load paid, at least 10 s) + a load and a reconcile or two
+    assert took < 40, f"peer-b waited {took:.1f}s"
+    assert "Parked" not in states[2:], f"peer-b's demand lapsed while it waited: {states}"
+    assert set(answered) == {200}, "peer-a's clients were all answered too (they waited for the swap back)"
+
+
+CARD = """
+apiVersion: ai.flexinfer/v1alpha1
+kind: GPUGroup
+metadata: {name: card}
+spec:
+  capacity: {devices: 1, memoryPerDevice: 24Gi}
+"""
+
+
+def card_model(name: str, memory: str) -> str:
+    return f"""---
+apiVersion: ai.flexinfer/v1alpha2
+kind: Model
+metadata: {{name: {name}}}
+spec:
+  gpu: {{shared: card, priority: 10, memory: {memory}}}
+  local: {{command: ["flexinfer-fake-model", "--port", "{{port}}", "--model", "{name}"]}}
+"""
+
+
+def test_models_that_fit_on_the_card_serve_side_by_side_and_a_third_evicts_only_what_it_must(
+    up: Up, tmp_path: Path
+) -> None:
+    """A GPUGroup with a capacity (24 GiB) and models with declared sizes: chat (6 GiB) and code (5 GiB) fit and
+    stay loaded together (no swap, both processes alive); big (16 GiB) does not fit beside both, so the one idle
+    longest goes and the other keeps serving."""
+    manifest = tmp_path / "card.yaml"
+    manifest.write_text(CARD + card_model("chat", "6Gi") + card_model("code", "5Gi") + card_model("big", "16Gi"))
+    up.cli("apply", "-f", str(manifest))
+
+    def processes() -> list[str]:
+        items = httpx.get(up.url("actuator") + "/api/v1/processes", headers=up.auth(), timeout=5).json()["items"]
+        return sorted(p["name"] for p in items if p["name"] in ("chat", "code", "big"))
+
+    def group() -> dict[str, Any]:
+        answer = httpx.get(up.url("scheduler") + "/api/v1/groups/card", headers=up.auth(), timeout=5)
+        return answer.json()  # type: ignore[no-any-return]
+
+    for name in ("chat", "code", "chat", "code"):
+        response = up.chat(name, "hi")
+        assert response.status_code == 200, response.text
+    assert processes() == ["chat", "code"]
+    view = group()
+    assert {m["name"] for m in view["residentModels"]} == {"chat", "code"}
+    assert view["devices"][0]["usedBytes"] == 11 << 30 and view["devices"][0]["freeBytes"] == 13 << 30
+
+    assert up.chat("code", "keep me").status_code == 200  # chat is now the one idle longest
+    response = up.chat("big", "room please", timeout=90)
+    assert response.status_code == 200, response.text
+    wait_until(lambda: processes() == ["big", "code"], 30, "chat evicted, code kept")
+    assert up.chat("code", "still here").headers.get("X-FlexInfer-Cold-Start") != "true"
+    state = models(up)
+    assert state["chat"]["status"]["phase"] == "Preempted" and state["chat"]["status"]["preemptedBy"] == "big"
+    assert state["code"]["status"]["memory"] == {"bytes": 5 << 30, "source": "declared"}
+    assert state["code"]["status"]["placement"] == {"devices": [0]} and "placement" not in state["chat"]["status"]
+    view = group()
+    assert view["devices"][0]["usedBytes"] == 21 << 30
+    swaps = [line for line in up.cli("get", "swaps").splitlines() if "default/big" in line]
+    assert len(swaps) == 1 and "default/chat" in swaps[0], "the eviction is in the swap history"

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from tests.support.kube import KubeCluster
+from flexinfer_testbed.kube import KubeCluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.emulator, pytest.mark.timeout(180)]
 
 BIN = Path(sys.executable).parent
 

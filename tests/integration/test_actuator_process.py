@@ -20,7 +20,8 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello
-from tests.integration.test_actuator_local import StatusLog, process_alive, send, wait_until
+from tests.integration.test_actuator_local import StatusLog, process_alive, send
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -81,7 +82,7 @@ async def actuator(bus: Bus, tmp_path: Path) -> AsyncIterator[RunningActuator]:
         )
     running = RunningActuator(process, f"http://127.0.0.1:{port}", log_path, hellos)
     try:
-        await wait_until(lambda: bool(hellos) or process.returncode is not None, within=15, what="actuator hello")
+        await wait_for(lambda: bool(hellos) or process.returncode is not None, within=15, what="actuator hello")
         assert hellos, f"actuator exited with {process.returncode}:\n{running.log()}"
         yield running
     finally:
@@ -129,7 +130,7 @@ async def test_sigkilled_actuator_takes_its_model_processes_down(
     actuator.process.send_signal(signal.SIGKILL)
     await actuator.process.wait()
 
-    await wait_until(lambda: not process_alive(model_pid), within=5, what="the model process to die with its actuator")
+    await wait_for(lambda: not process_alive(model_pid), within=5, what="the model process to die with its actuator")
 
 
 async def test_sigterm_stops_every_model_process_and_exits_zero(

@@ -16,8 +16,10 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError, ProtocolError
 
-from tests.support.kube import KubeCluster, in_thread
-from tests.support.kube.builders import deployment
+from flexinfer_testbed.kube import KubeCluster, in_thread
+from flexinfer_testbed.kube.builders import deployment
+
+pytestmark = pytest.mark.emulator
 
 NS = "default"
 

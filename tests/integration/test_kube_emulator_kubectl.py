@@ -9,10 +9,13 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from kubernetes import client
 
-from tests.support.kube import KubeCluster, in_thread
-from tests.support.kube.builders import crd, deployment
+from flexinfer_testbed.kube import KubeCluster, in_thread
+from flexinfer_testbed.kube.builders import crd, deployment
+
+pytestmark = pytest.mark.emulator
 
 NS = "default"
 MODELS = ("ai.flexinfer", "v1alpha2", NS, "models")

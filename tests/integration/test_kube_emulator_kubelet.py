@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from kubernetes import client
 
-from tests.support.kube import KubeCluster, in_thread, running_cluster
-from tests.support.kube.builders import deployment
-from tests.support.kube.store import EventType, StoredEvent
+from flexinfer_testbed.kube import KubeCluster, NodeConfig, in_thread, running_cluster
+from flexinfer_testbed.kube.builders import deployment
+from flexinfer_testbed.kube.store import EventType, StoredEvent
+
+pytestmark = pytest.mark.emulator
 
 NS = "default"
 
@@ -113,6 +116,39 @@ async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: 
     await scale(kube, "first", 0)
     await kube.wait_for(lambda: kube.ready_pods("app=second"), message="the second model to load")
     assert max(both) == 1  # never two GPU pods bound at once: the GPU is held until the pod object is gone
+
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+async def test_a_shared_card_runs_pods_until_its_replicas_run_out(tmp_path: Path) -> None:
+    # One GPU shared by the device plugin (time-slicing or MPS, renameByDefault: true): four replicas, no whole GPU.
+    node = NodeConfig(name="gpu-box", capacity={SHARED: 4})
+    async with running_cluster(tmp_path / "kube", node=node) as kube:
+        apps = client.AppsV1Api(kube.api_client())
+        assert kube.get("nodes", "gpu-box")["status"]["allocatable"][SHARED] == "4"
+        for name, replicas in (("chat", 1), ("coder", 1), ("wide", 2)):
+            body = deployment(name, replicas=1, gpu=replicas, gpu_resource=SHARED)
+            await in_thread(apps.create_namespaced_deployment, NS, body)
+        for name in ("chat", "coder", "wide"):
+            await kube.wait_for(lambda n=name: kube.ready_pods(f"app={n}"), message=f"{name} Running")
+
+        def unschedulable(app: str) -> list[dict[str, Any]]:
+            return [p for p in kube.pods(f"app={app}") if condition(p, "PodScheduled").get("reason") == "Unschedulable"]
+
+        await in_thread(apps.create_namespaced_deployment, NS, deployment("embed", replicas=1, gpu_resource=SHARED))
+        (pending,) = await kube.wait_for(lambda: unschedulable("embed"), message="embed Pending")
+        assert condition(pending, "PodScheduled")["message"].startswith(
+            f"0/1 nodes are available: 1 Insufficient {SHARED}."
+        )
+        # The node offers replicas only: a Pod asking for a whole GPU does not fit at all.
+        await in_thread(apps.create_namespaced_deployment, NS, deployment("whole", replicas=1))
+        (whole,) = await kube.wait_for(lambda: unschedulable("whole"), message="whole Pending")
+        assert "1 Insufficient nvidia.com/gpu." in condition(whole, "PodScheduled")["message"]
+
+        await scale(kube, "chat", 0)  # a replica comes free once chat's Pod is gone
+        await kube.wait_for(lambda: kube.ready_pods("app=embed"), message="embed Running in chat's replica")
+        assert len(kube.ready_pods()) == 3 and unschedulable("whole")
 
 
 async def test_node_selector_that_does_not_match_stays_pending(kube: KubeCluster) -> None:

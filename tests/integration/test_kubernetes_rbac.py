@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
+from flexinfer_testbed.kube_models import add_model, create, known, model_deployment, model_resource
+from flexinfer_testbed.system import running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
 from tests.integration.test_kubernetes_rendering import model as rendering_model
 from tests.integration.test_kubernetes_rendering import rendering_options
-from tests.support.kube import KubeCluster, NodeConfig, running_cluster
-from tests.support.kube_models import add_model, create, known, model_deployment, model_resource
-from tests.support.system import running_system
 from tests.unit.test_charts import chart_dir, render
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
 Permission = tuple[str, str, str]  # API group, resource[/subresource], verb
 

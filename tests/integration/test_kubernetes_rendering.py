@@ -6,8 +6,11 @@ goes; Sleep parking keeps the Pod and wakes it warm."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +18,13 @@ import pytest
 import yaml
 
 from flexinfer_actuator.flash_loader import MARKER
+from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
+from flexinfer_testbed.kube.store import PatchType
+from flexinfer_testbed.kube_models import create, known
+from flexinfer_testbed.system import System, running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
-from tests.support.kube import KubeCluster, NodeConfig, running_cluster
-from tests.support.kube.store import PatchType
-from tests.support.kube_models import create, known
-from tests.support.system import running_system
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
 # The seed's Model, word for word (its namespace is the test cluster's).
 SEED_MODEL = """
@@ -201,6 +204,23 @@ async def test_the_flash_loader_copies_once_redoes_a_stale_copy_and_is_cleaned_u
         await kube.wait_for(lambda: not copy.exists(), within=30, message="the tmpfs copy removed")
 
 
+async def idle_past_the_demand_window(system: System, group: str, name: str, window: float = 0.5) -> None:
+    """Wait until the scheduler has recorded ``name``'s last request and its demand window has passed since then
+    (rather than sleeping for a guess of both)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = await system.call("GET", "scheduler", f"/api/v1/groups/{group}")
+        assert status == 200, body
+        member = next(m for m in body["models"] if m["name"] == name)
+        last = member.get("lastActiveTime")
+        if last is not None:
+            since = datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))
+            if since > timedelta(seconds=window):
+                return
+        assert time.monotonic() < deadline, f"{name}'s last request was never recorded: {member}"
+        await asyncio.sleep(0.05)
+
+
 async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
     database_url: str, clean_nats: str, tmp_path: Path
 ) -> None:
@@ -224,7 +244,7 @@ async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
             status, _, headers = await chat(system, "a", "first")
             assert status == 200
             (a_pod,) = kube.ready_pods("ai.flexinfer/model=a")
-            await asyncio.sleep(0.7)  # a idle past the demand window
+            await idle_past_the_demand_window(system, "gpu", "a")
             status, body, headers = await chat(system, "b", "second")
             assert status == 200 and headers.get("X-FlexInfer-Cold-Start") == "true"
             await kube.wait_for(
@@ -234,7 +254,7 @@ async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
             (still,) = kube.pods("ai.flexinfer/model=a")
             assert still["metadata"]["uid"] == a_pod["metadata"]["uid"]
             assert kube.get("deployments", "a")["spec"]["replicas"] == 1
-            await asyncio.sleep(0.7)
+            await idle_past_the_demand_window(system, "gpu", "b")
             status, body, headers = await chat(system, "a", "third")
             assert status == 200 and body["choices"][0]["message"]["content"] == "[a] third"
             assert "X-FlexInfer-Queue-Wait-Ms" in headers
@@ -245,10 +265,94 @@ async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
             # A server without sleep mode: parked by scaling to zero, and the status says so.
             status, _, _ = await chat(system, "c", "x")
             assert status == 200
-            await asyncio.sleep(0.7)
+            await idle_past_the_demand_window(system, "other", "c")
             status, _, _ = await chat(system, "d", "y")
             assert status == 200
             await kube.wait_for(
                 lambda: "sleep failed" in status_of(kube, "c").get("message", ""), message="c's status says why"
             )
             assert kube.get("deployments", "c")["spec"]["replicas"] == 0 and not kube.pods("ai.flexinfer/model=c")
+
+
+async def test_co_resident_models_share_one_card_through_its_replicas(
+    database_url: str, clean_nats: str, tmp_path: Path
+) -> None:
+    # A one-GPU node whose device plugin shares the card (time-slicing with renameByDefault: true): it advertises
+    # two replicas, nvidia.com/gpu.shared, and no whole nvidia.com/gpu. Three small models of a 24 GB group: all
+    # fit in its memory, so the scheduler keeps them resident together; the card's replicas run out at the third.
+    node = NodeConfig(name="gpu-box", capacity={"nvidia.com/gpu.shared": 2})
+    async with running_cluster(tmp_path / "kube", node=node) as kube:
+        await create(
+            kube,
+            {
+                "apiVersion": "ai.flexinfer/v1alpha1",
+                "kind": "GPUGroup",
+                "metadata": {"name": "homelab-gpu"},
+                "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
+            },
+        )
+        on_the_box = {"nodeSelector": {"kubernetes.io/hostname": "gpu-box"}}
+        for name in ("chat", "coder", "embed"):
+            gpu = {"shared": "homelab-gpu", "memory": "6Gi", "swapCooldown": "0s"}
+            await create(kube, model(name, backend="fake", gpu=gpu, kubernetes=on_the_box))
+        # One that names no node: refused with a status saying what to set, never left to land anywhere.
+        await create(kube, model("stray", backend="fake", gpu={"shared": "homelab-gpu", "memory": "1Gi"}))
+        async with running_system(
+            database_url=database_url,
+            nats_url=clean_nats,
+            state_dir=tmp_path,
+            kubeconfig=kube.kubeconfig,
+            **rendering_options(tmp_path),
+        ) as system:
+            for name in ("chat", "coder", "embed"):
+                deployment = await kube.wait_for(lambda n=name: kube.get("deployments", n), message=f"{name} rendered")
+                pod = deployment["spec"]["template"]["spec"]
+                assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+                assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-box"}
+            await kube.wait_for(
+                lambda: "kubernetes.io/hostname" in str(events_for(kube, "stray", "RenderFailed")),
+                message="the stray model's render refused, naming the nodeSelector",
+            )
+            assert kube.get("deployments", "stray") is None
+            await kube.wait_for(
+                lambda: "kubernetes.io/hostname" in status_of(kube, "stray").get("message", ""),
+                message="the stray model's status says what to set",
+            )
+            kube.store.patch(
+                kube.resource("Model"), "default", "stray", PatchType.MERGE, {"spec": {"kubernetes": on_the_box}}
+            )
+            await kube.wait_for(
+                lambda: kube.get("deployments", "stray"), message="stray rendered once it names the node"
+            )
+
+            await known(system, "chat", "coder", "embed")
+            status, body, _ = await chat(system, "chat", "hi")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[chat] hi"
+            status, body, _ = await chat(system, "coder", "hello")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[coder] hello"
+            # Side by side on the one card: no swap, both Pods Running on the node.
+            running = kube.ready_pods()
+            assert sorted(p["metadata"]["labels"]["ai.flexinfer/model"] for p in running) == ["chat", "coder"]
+            assert {p["spec"]["nodeName"] for p in running} == {"gpu-box"}
+            status, _, _ = await chat(system, "chat", "still there")
+            assert status == 200
+
+            # The third fits the card's memory, so it is started beside them; the card has no replica left for
+            # it, so its Pod stays Pending with the scheduler's reason (the other two go on serving).
+            third = asyncio.create_task(chat(system, "embed", "x"))
+            (pending,) = await kube.wait_for(
+                lambda: [
+                    p
+                    for p in kube.pods("ai.flexinfer/model=embed")
+                    if any(c.get("reason") == "Unschedulable" for c in p["status"].get("conditions") or [])
+                ],
+                message="embed's Pod Pending",
+            )
+            scheduled = next(c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled")
+            assert "Insufficient nvidia.com/gpu.shared" in scheduled["message"]
+            assert pending["status"]["phase"] == "Pending"
+            status, body, _ = await chat(system, "coder", "meanwhile")
+            assert status == 200 and body["choices"][0]["message"]["content"] == "[coder] meanwhile"
+            third.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await third

@@ -1,4 +1,4 @@
-"""The lease manager in Kubernetes mode, against the API emulator (tests/support/kube): the seed's finetune flow
+"""The lease manager in Kubernetes mode, against the API emulator (flexinfer_testbed.kube): the seed's finetune flow
 (ModelCache ``spec.finetune.gpuLease``), suspended-Job admission, owner-reference garbage collection, the legacy
 ConfigMap, a GPULease written with kubectl, the mirror of a lease taken through the API, and its RBAC against the
 calls it made.
@@ -20,15 +20,15 @@ import pytest
 import yaml
 
 from flexinfer_common.bus import Bus
+from flexinfer_testbed.kube import KubeCluster
+from flexinfer_testbed.kube.store import StoredEvent
+from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
 from tests.integration.test_leases import Recorder, all_parked_by, phase_is
 from tests.integration.test_scheduler_policies import running
-from tests.integration.test_swap import wait_for
-from tests.support.kube import KubeCluster
-from tests.support.kube.store import StoredEvent
-from tests.support.system import KUBERNETES_TIMINGS, System, fake_model, running_system
+from tests.support.waiting import wait_for
 from tests.unit.test_charts import chart_dir, render
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
 SERVICES = ("scheduler", "actuator", "lease-manager")
 ADMITTED = "ai.flexinfer/admitted-by-gpu-lease"
@@ -272,7 +272,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
         }
         for _ in range(2):
             await create(kube, "/api/v1/namespaces/default/configmaps", legacy)
-            await wait_for(lambda: all_parked_by(system, "legacy-trainer"), limit=30)
+            await wait_for(lambda: all_parked_by(system, "legacy-trainer"), within=30)
             assert await running(system) == []
             (await kube.kubectl("delete", "configmap", "gpu-lease-gpu")).check()
             await kube.wait_for(lambda: gpulease(kube, "gpu-lease-gpu") is None, message="the legacy lease's end")
@@ -300,7 +300,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
             }
 
         await apply(kube, manifest("first", "alice"))
-        await wait_for(lambda: all_parked_by(system, "alice"), limit=30)
+        await wait_for(lambda: all_parked_by(system, "alice"), within=30)
         await apply(kube, manifest("second", "bob"))
         pending = await kube.wait_for(
             lambda: (
@@ -322,7 +322,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
         assert table[1].split() == ["first", "gpu", "alice", "emulated-node", held["status"]["expiresAt"], "Held"]
         assert table[2].split() == ["second", "gpu", "bob", "emulated-node", "Pending"]
         (await kube.kubectl("delete", "gpulease", "first")).check()
-        await wait_for(lambda: all_parked_by(system, "bob"), limit=30)
+        await wait_for(lambda: all_parked_by(system, "bob"), within=30)
         (await kube.kubectl("delete", "gpulease", "second")).check()
         await wait_for(lambda: serving(system))
 

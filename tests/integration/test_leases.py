@@ -24,16 +24,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_cli.apply import execute_plan, plan_apply
+from flexinfer_cli.apply_plan import execute_plan, plan_apply
 from flexinfer_cli.client import AdminClient
 from flexinfer_cli.config import Service
 from flexinfer_cli.embedded import free_port
 from flexinfer_common.bus import Bus
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
+from flexinfer_testbed.system import System, fake_model, running_system
 from tests.integration.test_scheduler_policies import members, running, sql
-from tests.integration.test_swap import wait_for
-from tests.support.system import System, fake_model, running_system
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -195,6 +195,8 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
         status, _ = await acquire(system, {"group": "gpu", "owner": "trainer", "ttlSeconds": 600})
         assert status == 201
         waiting = asyncio.create_task(acquire(system, {"group": "gpu", "owner": "other"}, "30s"))
+        # A sleep, not an event: the lease manager shows no sign of a waiting acquire (it holds the request open and
+        # retries on each lease change), so this only gives the request time to arrive and not be answered.
         await asyncio.sleep(0.5)
         assert not waiting.done()
         await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease")
@@ -204,6 +206,11 @@ async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release
         text = await system.metrics("lease-manager")
         assert metric(text, "flexinfer_gpu_lease_acquired_total", **labels) == 2
         assert metric(text, "flexinfer_gpu_lease_active", group="gpu", owner="other") == 1
+
+
+async def elections(system: System) -> float:
+    """How many election passes the scheduler has run (its flexinfer_election_duration_seconds histogram)."""
+    return metric(await system.metrics("scheduler"), "flexinfer_election_duration_seconds_count") or 0.0
 
 
 async def _async(value: Any) -> Any:
@@ -228,7 +235,12 @@ async def test_a_lease_beats_force_promotion_and_a_promote_call_and_a_lease_read
         assert lease["ttlSeconds"] == 3600  # FLEXINFER_LEASE_DEFAULT_TTL
         status, _ = await system.call("POST", "scheduler", "/api/v1/models/default/a/promote")
         assert status == 200
-        await asyncio.sleep(1.0)  # three reconciles of the scheduler
+        passes = await elections(system)
+
+        async def three_more_elections() -> bool:  # the scheduler had three chances to act on the promote
+            return await elections(system) >= passes + 3
+
+        await wait_for(three_more_elections)
         assert await running(system) == [] and await all_parked_by(system, "trainer")
 
         async def serving() -> bool:  # the promoted or the force-promoted model
@@ -440,7 +452,7 @@ class LeaseManagerProcess:
             except aiohttp.ClientError:
                 return False
 
-        await wait_for(ready, limit=30)
+        await wait_for(ready, within=30)
         return cls(process, url)
 
     async def kill(self) -> None:
@@ -483,8 +495,13 @@ async def test_a_dead_lease_manager_strands_nothing_its_lease_lapses_at_its_ttl(
             assert resp.status == 201 and lease["phase"] == "Held", lease
         await manager.kill()
 
-        # Nobody renews it now; the lease still holds until its TTL...
-        await asyncio.sleep(1.0)
+        # Nobody renews it now; the lease still holds until its TTL (the scheduler had three chances to end it)...
+        passes = await elections(system)
+
+        async def three_more_elections() -> bool:
+            return await elections(system) >= passes + 3
+
+        await wait_for(three_more_elections)
         assert await all_parked_by(system, "trainer") and await running(system) == []
         # ... and when it lapses, serving is back within one reconcile, with no lease manager at all.
         await lapse(database_url, "trainer-gpu-lease")
@@ -553,7 +570,7 @@ async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_
         # Ctrl-C for the wrapper reaches the command; once it has ended the lease is released.
         pid_file = tmp_path / "pid-1"
         cli = await flexinfer(*run, sys.executable, "-c", SLEEP_UNTIL_SIGNALLED, str(pid_file), env=env)
-        await wait_for(lambda: _async(pid_file.exists() and pid_file.read_text()), limit=60)
+        await wait_for(lambda: _async(pid_file.exists() and pid_file.read_text()), within=60)
         cli.send_signal(signal.SIGINT)
         _, stderr = await asyncio.wait_for(cli.communicate(), 30)
         assert cli.returncode == 130, stderr.decode()  # the command died of the forwarded SIGINT
@@ -563,7 +580,7 @@ async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_
         # SIGKILL of the wrapper: the command gets SIGTERM, and the lease lapses at its TTL (not released).
         pid_file = tmp_path / "pid-2"
         cli = await flexinfer(*run, sys.executable, "-c", SLEEP_UNTIL_SIGNALLED, str(pid_file), env=env)
-        await wait_for(lambda: _async(pid_file.exists() and pid_file.read_text()), limit=60)
+        await wait_for(lambda: _async(pid_file.exists() and pid_file.read_text()), within=60)
         command_pid = int(pid_file.read_text())
         cli.send_signal(signal.SIGKILL)
         await cli.wait()

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_common.keys import ModelKey
 from tests.integration import test_proxy_service as service
 from tests.integration.test_proxy_service import Harness, Recorder, StartProxy
 

@@ -22,11 +22,12 @@ from flexinfer_cli.embedded import EmbeddedNats
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Demand, Route
 from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.domain.routes import ModelKey
 from flexinfer_proxy.settings import ProxySettings
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -45,13 +46,6 @@ def make_route(name: str, endpoint: str | None = None) -> Route:
         state=SharedState.ACTIVE if ready else SharedState.PARKED,
         updated_at=datetime.now(UTC),
     )
-
-
-async def until(check: Any, *, within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -106,11 +100,11 @@ async def test_with_nats_down_ready_models_are_served_and_the_rest_queue_until_d
             kv = await observer.routes()
             for route in (make_route("m1", m1), make_route("m2")):
                 await kv.put(subjects.route_key("default", route.name), route.to_bytes())
-            await until(lambda: len(proxy.routes) == 2)
+            await wait_for(lambda: len(proxy.routes) == 2)
             base = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
 
             await asyncio.to_thread(server.stop)
-            await until(lambda: not proxy.bus.connected)
+            await wait_for(lambda: not proxy.bus.connected)
             async with http.post(base, json=CHAT_M1) as resp:
                 assert resp.status == 200, "a Ready model is served without NATS"
             async with http.post(base, json=CHAT_M2) as resp:
@@ -121,7 +115,7 @@ async def test_with_nats_down_ready_models_are_served_and_the_rest_queue_until_d
 
             # NATS comes back: a waiting request's demand gets through, and it is served once the model is Ready.
             await asyncio.to_thread(server.start)
-            await until(lambda: proxy.bus.connected and proxy.watcher.watching, within=15)
+            await wait_for(lambda: proxy.bus.connected and proxy.watcher.watching, within=15)
 
             async def on_demand(msg: Any) -> None:
                 await demands.put(Demand.model_validate_json(msg.data))
@@ -182,7 +176,7 @@ async def flaky(bus: Bus, clean_nats: str) -> AsyncIterator[tuple[Flaky, str, Pr
     async with started_proxy(clean_nats) as proxy:
         kv = await bus.routes()
         await kv.put("default.m1", make_route("m1", f"http://127.0.0.1:{port}").to_bytes())
-        await until(lambda: proxy.routes.get(ModelKey("default", "m1")) is not None)
+        await wait_for(lambda: proxy.routes.get(ModelKey("default", "m1")) is not None)
         yield model, f"http://127.0.0.1:{proxy.port}", proxy
     server.close()
 

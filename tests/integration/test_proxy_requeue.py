@@ -23,11 +23,12 @@ from aiohttp import web
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Demand, Route
 from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.domain.routes import ModelKey
 from flexinfer_proxy.settings import ProxySettings
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -52,13 +53,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-async def until(check: Any, *, within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -87,7 +81,7 @@ async def proxy_with_dead_route(bus: Bus, nats_url: str, dead_port: int, **overr
             await proxy.wait_ready()
         kv = await bus.routes()
         await kv.put(subjects.route_key("default", "m1"), ready_route(f"http://127.0.0.1:{dead_port}").to_bytes())
-        await until(lambda: (r := proxy.routes.get(KEY)) is not None and r.ready)
+        await wait_for(lambda: (r := proxy.routes.get(KEY)) is not None and r.ready)
         yield proxy
     finally:
         await proxy.stop()
@@ -109,7 +103,7 @@ async def test_a_request_for_a_dead_endpoint_waits_and_is_served_by_the_model_th
     ):
         url = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
         waiting = asyncio.create_task(http.post(url, json=CHAT))
-        await until(lambda: proxy.queues.length(KEY) == 1)
+        await wait_for(lambda: proxy.queues.length(KEY) == 1)
         marked = proxy.routes.get(KEY)
         assert marked is not None and not marked.ready, "the route counts as not Ready here"
         await asyncio.sleep(0.3)
@@ -122,7 +116,7 @@ async def test_a_request_for_a_dead_endpoint_waits_and_is_served_by_the_model_th
                 assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
                 assert int(resp.headers["X-FlexInfer-Queue-Wait-Ms"]) >= 300
                 assert (await resp.json())["object"] == "chat.completion"
-    await until(lambda: any(d.model == "m1" and d.queued >= 1 for d in demands), within=5)
+    await wait_for(lambda: any(d.model == "m1" and d.queued >= 1 for d in demands), within=5)
     assert all(d.source == "proxy-requeue" for d in demands)
 
 
@@ -136,7 +130,7 @@ async def test_the_mark_runs_out_by_itself_when_the_model_was_alive(bus: Bus, cl
     ):
         url = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
         waiting = asyncio.create_task(http.post(url, json=CHAT))
-        await until(lambda: proxy.queues.length(KEY) == 1)
+        await wait_for(lambda: proxy.queues.length(KEY) == 1)
         async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001)), port):
             async with await waiting as resp:
                 assert resp.status == 200, await resp.text()

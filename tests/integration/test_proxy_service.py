@@ -24,6 +24,7 @@ from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.adapters.routes_watcher import BAD_ROUTE_SUBJECT
 from flexinfer_proxy.app import Proxy
 from flexinfer_proxy.settings import ProxySettings
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -53,6 +54,8 @@ class Recorder:
     seen: list[dict[str, Any]] = field(default_factory=list)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     client_gone: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the connection the last ``/sse`` stream came in on (None once closed; aiohttp drops it then)
+    sse_request: web.Request | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,6 +68,7 @@ class Recorder:
             {"method": request.method, "path_qs": request.path_qs, "body": body, "headers": dict(request.headers)}
         )
         if request.path == "/sse":
+            self.sse_request = request
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             await response.write(b"data: one\n\n")
@@ -82,19 +86,6 @@ class Recorder:
 
 
 # --------------------------------------------------------------------------- the harness
-
-
-async def _ready(value: bool) -> bool:
-    return value
-
-
-async def poll(check: Callable[[], Awaitable[bool]], *, within: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Harness:
@@ -122,6 +113,21 @@ class Harness:
         labels: tuple[str, ...] = (),
         namespace: str = NS,
     ) -> Route:
+        """Write a route and wait until the proxy's table holds it."""
+        route = await self.write_route(name, endpoint=endpoint, failure=failure, labels=labels, namespace=namespace)
+        await self.until(lambda: self.proxy.routes.get(self._key(namespace, name)) == route)
+        return route
+
+    async def write_route(
+        self,
+        name: str,
+        *,
+        endpoint: str | None = None,
+        failure: str | None = None,
+        labels: tuple[str, ...] = (),
+        namespace: str = NS,
+    ) -> Route:
+        """Write a route to the bucket, as the scheduler does (the proxy's watch delivers it a moment later)."""
         ready = endpoint is not None
         route = Route(
             namespace=namespace,
@@ -136,18 +142,17 @@ class Harness:
         )
         kv = await self.bus.routes()
         await kv.put(subjects.route_key(namespace, name), route.to_bytes())
-        await self.until(lambda: self.proxy.routes.get(self._key(namespace, name)) == route)
         return route
 
     @staticmethod
     def _key(namespace: str, name: str) -> Any:
-        from flexinfer_proxy.domain.routes import ModelKey
+        from flexinfer_common.keys import ModelKey
 
         return ModelKey(namespace, name)
 
     @staticmethod
     async def until(check: Callable[[], bool], *, within: float = 3.0) -> None:
-        await poll(lambda: _ready(check()), within=within, what="condition")
+        await wait_for(check, within=within)
 
     async def next_demand(
         self, match: Callable[[Demand], bool] = lambda d: True, *, within: float = 3.0
@@ -167,7 +172,7 @@ class Harness:
         async def queued_now() -> bool:
             return await self.queued(name) == count
 
-        await poll(queued_now, within=3.0, what=f"{count} queued for {name}")
+        await wait_for(queued_now, within=3.0, what=f"{count} queued for {name}")
 
     def chat(self, model: str, text: str = "hello", **extra: Any) -> Awaitable[aiohttp.ClientResponse]:
         body = {"model": model, "messages": [{"role": "user", "content": text}], **extra}
@@ -246,7 +251,12 @@ async def test_ready_model_is_forwarded_and_reports_activity(proxy: Harness, fak
     for _ in range(5):
         async with await proxy.chat("m1") as resp:
             assert resp.status == 200
-    await asyncio.sleep(0.1)
+    # another model's first request reports at once: by the time its report is here, a second m1 report would be
+    await proxy.put_route("m2", endpoint=fake_model)
+    async with await proxy.chat("m2") as resp:
+        assert resp.status == 200
+    subject, _ = await proxy.next_demand()
+    assert subject == subjects.demand_subject(NS, "m2")
     assert proxy.demands.empty()
 
 
@@ -271,7 +281,13 @@ async def test_client_leaving_mid_stream_closes_the_model_connection(
     await proxy.put_route("m1", endpoint=base)
     async with aiohttp.ClientSession() as leaving, leaving.post(proxy.base + "/default/m1/sse") as resp:
         assert await resp.content.readuntil(b"\n\n") == b"data: one\n\n"
-    await asyncio.sleep(0.1)
+    assert rec.sse_request is not None
+    sse = rec.sse_request
+
+    def closed() -> bool:  # the proxy closed its connection to the model
+        return sse.transport is None or sse.transport.is_closing()
+
+    await wait_for(closed, within=2, what="the proxy to close the model's connection")
     rec.gate.set()
     async with asyncio.timeout(2):
         await rec.client_gone.wait()  # the model learns it can stop generating
@@ -295,6 +311,36 @@ async def test_unknown_model_is_404_with_an_openai_error(proxy: Harness) -> None
         assert await resp.json() == {
             "error": {"message": "model 'nope' not found", "type": "invalid_request_error", "code": "model_not_found"}
         }
+
+
+async def test_a_model_written_a_moment_ago_is_found_though_the_watch_lags(
+    proxy: Harness, fake_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request sent right after a route was written (``flexinfer apply`` returned) can reach the proxy before its
+    route watch delivers the write. Such a request waits for the watch to catch up with the bucket instead of
+    getting 404; a model nobody wrote still gets its 404, within the wait's bound."""
+    await proxy.put_route("first", endpoint=fake_model)  # (the watch's pending read ends: the next ones lag)
+    from nats.js.kv import KeyValue
+
+    updates = KeyValue.KeyWatcher.updates
+
+    async def lagging(self: Any, timeout: float = 5.0) -> Any:  # noqa: ASYNC109  (nats-py's own signature)
+        entry = await updates(self, timeout=timeout)
+        if entry is not None:
+            await asyncio.sleep(0.5)  # a loaded proxy: the write is delivered half a second late
+        return entry
+
+    monkeypatch.setattr(KeyValue.KeyWatcher, "updates", lagging)
+    await proxy.put_route("second", endpoint=fake_model)  # (read by the lagging watch from now on)
+    await proxy.write_route("fresh", endpoint=fake_model)
+    assert proxy.proxy.routes.get(proxy._key(NS, "fresh")) is None  # the table does not hold it yet
+    async with await proxy.chat("fresh", "just applied") as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["choices"][0]["message"]["content"] == "[m1] just applied"  # (its server)
+    started = asyncio.get_running_loop().time()
+    async with await proxy.chat("never-written") as resp:
+        assert resp.status == 404
+    assert asyncio.get_running_loop().time() - started < 2.0
 
 
 async def test_path_prefix_forwards_any_method_with_its_query(proxy: Harness, recorder: tuple[Recorder, str]) -> None:
@@ -421,7 +467,7 @@ async def test_openai_client_works_through_the_proxy(proxy: Harness, fake_model:
         assert "".join(pieces).split() == ["[m1]", "a", "b", "c"]
         assert len(pieces) > 1
         models = await client.models.list()
-        assert [m.id for m in models.data] == ["m1"]
+        assert [m.id for m in models.data] == ["m1", "chat"], "the service label is listed as an alias"
     finally:
         await client.close()
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from tests.support.system import TIMINGS, _ready, fake_model, running_system
+from flexinfer_testbed.system import TIMINGS, _ready, fake_model, running_system
 
 pytestmark = pytest.mark.integration
 

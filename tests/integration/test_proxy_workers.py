@@ -23,6 +23,7 @@ from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Demand, Route
 from flexinfer_fake_model.server import FakeModelConfig, build_app
 from tests.integration.test_proxy_service import serving
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -42,13 +43,6 @@ def route(endpoint: str | None) -> Route:
 
 def children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-async def until(check: Any, *, within: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -95,7 +89,7 @@ async def test_two_workers_share_the_port_and_each_signals_its_own_demand(
         except aiohttp.ClientError:
             return False
 
-    await until(ready)
+    await wait_for(ready)
     body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
     sessions: list[aiohttp.ClientSession] = []
     waiting: list[asyncio.Task[aiohttp.ClientResponse]] = []
@@ -118,7 +112,7 @@ async def test_two_workers_share_the_port_and_each_signals_its_own_demand(
                 async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as resp:
                     return expected in await resp.text()
 
-            await until(counted_over_both, within=10)
+            await wait_for(counted_over_both, within=10)
     finally:
         for session in sessions:
             await session.close()

@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from tests.integration.test_swap import ProcessTableWatcher, chat, wait_for
-from tests.support.system import TIMINGS, System, fake_model, running_system
+from flexinfer_testbed.system import TIMINGS, System, fake_model, running_system
+from tests.integration.test_swap import ProcessTableWatcher, chat
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +103,7 @@ async def wait_http(url: str, limit: float = 30) -> None:
             except aiohttp.ClientError:
                 return False
 
-        await wait_for(up, limit)
+        await wait_for(up, within=limit, what=f"{url}/readyz")
 
 
 async def group_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:

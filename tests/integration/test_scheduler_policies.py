@@ -14,8 +14,8 @@ from sqlalchemy.engine import make_url
 from flexinfer_common.bus import Bus
 from flexinfer_common.messages import Demand
 from flexinfer_common.subjects import demand_subject
-from tests.integration.test_swap import wait_for
-from tests.support.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model, running_system
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +96,6 @@ async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, b
 
 async def test_v1alpha1_gpugroup_queue_threshold_and_priority(database_url: str, bus: Bus, tmp_path: Path) -> None:
     async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
-        for name in ("a", "b"):
-            manifest = fake_model(name)
-            del manifest["spec"]["gpu"]  # membership comes from the GPUGroup
-            await system.put_model(manifest)
         group = {
             "apiVersion": "ai.flexinfer/v1alpha1",
             "kind": "GPUGroup",
@@ -110,8 +106,14 @@ async def test_v1alpha1_gpugroup_queue_threshold_and_priority(database_url: str,
             },
         }
         assert system.http is not None
+        # the GPUGroup first, as `flexinfer apply` sends it: a model already running on its own would not be moved
+        # into the group while it may hold its GPU (409)
         async with system.http.put(system.url("scheduler") + "/api/v1/gpugroups/g1", json=group) as resp:
             assert resp.status == 201, await resp.text()
+        for name in ("a", "b"):
+            manifest = fake_model(name)
+            del manifest["spec"]["gpu"]  # membership comes from the GPUGroup
+            await system.put_model(manifest)
 
         body = await system.get("scheduler", "/api/v1/groups/g1")
         assert body["policy"] == "v1alpha1" and body["activeModel"] is None  # no demand, no leader
@@ -138,3 +140,64 @@ async def _phase_is(system: System, name: str, phase: str, group: str = "gpu") -
 
 async def _nothing_runs(system: System) -> bool:
     return await running(system) == []
+
+
+async def test_a_gpugroup_that_would_move_a_serving_model_is_refused_until_the_model_is_parked(
+    database_url: str, bus: Bus, tmp_path: Path
+) -> None:
+    """Issue 22: a GPUGroup created, changed or deleted through the admin API while a model it would move still
+    holds its group's GPU is refused with 409 naming the model and both groups, and nothing changes (the model
+    keeps serving in its group); once the model is parked the same call goes through."""
+    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+        manifest = fake_model("a")
+        del manifest["spec"]["gpu"]  # no spec.gpu.shared: a group of its own, or the GPUGroup that lists it
+        await system.put_model(manifest)
+
+        async def a_is(phase: str, state: str) -> bool:
+            status = (await system.get("scheduler", "/api/v1/models/default/a"))["status"]
+            return bool(status["phase"] == phase and status.get("sharedGroup", {}).get("state") == state)
+
+        await wait_for(lambda: a_is("Ready", "Active"))
+        group = {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "g1"},
+            "spec": {"models": [{"name": "a", "priority": 10}]},
+        }
+        status, body = await system.call("PUT", "scheduler", "/api/v1/gpugroups/g1", group)
+        assert status == 409, body
+        assert body["error"]["code"] == "conflict" and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"] == (
+            "GPUGroup 'g1' cannot be created: it would move model default/a from a group of its own to group 'g1' "
+            "while it may still hold the GPU of a group of its own. Park it first (or wait until parked), then try "
+            "again"
+        )
+        assert (await system.call("GET", "scheduler", "/api/v1/groups/g1"))[0] == 404  # nothing changed
+        assert await a_is("Ready", "Active") and await running(system) == ["a"]
+
+        status, _ = await system.call("POST", "scheduler", "/ui/api/models/default/a/park")  # the status page's Park
+        assert status == 200
+        await wait_for(lambda: _nothing_runs(system))
+        await wait_for(lambda: a_is("Idle", "Parked"))
+        status, body = await system.call("PUT", "scheduler", "/api/v1/gpugroups/g1", group)
+        assert status == 201, body
+        assert (await members(system, "g1"))["a"]["priority"] == 10
+
+        # serving in g1: its deletion would move it back to a group of its own
+        assert (await system.call("POST", "scheduler", "/api/v1/models/default/a/promote"))[0] == 200
+        await wait_for(lambda: _phase_is(system, "a", "Ready", group="g1"))
+        status, body = await system.call("DELETE", "scheduler", "/api/v1/gpugroups/g1")
+        assert status == 409, body
+        assert body["error"]["message"].startswith(
+            "GPUGroup 'g1' cannot be deleted: it would move model default/a from group 'g1' to a group of its own "
+            "while it may still hold the GPU of group 'g1'."
+        )
+        g1 = await system.get("scheduler", "/api/v1/groups/g1")
+        assert g1["activeModel"] == {"namespace": "default", "name": "a"} and g1["models"][0]["state"] == "Active"
+        assert await running(system) == ["a"]
+
+        assert (await system.call("POST", "scheduler", "/ui/api/models/default/a/park"))[0] == 200
+        await wait_for(lambda: _nothing_runs(system))
+        await wait_for(lambda: _phase_is(system, "a", "Idle", group="g1"))
+        assert (await system.call("DELETE", "scheduler", "/api/v1/gpugroups/g1"))[0] == 204
+        assert (await system.call("GET", "scheduler", "/api/v1/groups/g1"))[0] == 404

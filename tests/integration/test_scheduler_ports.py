@@ -6,22 +6,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState
+from flexinfer_common.enums import GroupPolicy, ModelPhase, ScaleAction, SchedulingPolicy, SharedState, SwapReason
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_common.messages import Demand, Route
 from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLocks, MemoryStore
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
-from flexinfer_scheduler.domain.model import ModelKey
-from flexinfer_scheduler.domain.plan import plan_group
-from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore
+from flexinfer_scheduler.domain.manifests import GroupMove, estimate_memory
+from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
+from flexinfer_scheduler.ports import LeaderLock, MembershipChangeRefused, Origin, SchedulerBus, SchedulerStore
+from flexinfer_testbed.servers import TestServers
 from tests.conftest import fresh_database, reset_nats
-from tests.support.servers import TestServers
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +97,33 @@ async def test_store_sums_demand_over_sources_and_ignores_a_repeated_message(sto
     assert world.group("gpu").member(B).queued == 0  # type: ignore[union-attr]
 
 
+async def test_store_keeps_a_count_for_as_long_as_its_message_says_then_prunes_it(store: Any) -> None:
+    """A proxy renewing every 10 minutes sends validFor = 3 x 10 min + 5 s: its waiting requests keep their demand
+    past the scheduler's own TTL (built from the scheduler's refresh setting), and pruning never drops it early."""
+    s = await seeded(store)
+    valid_for = timedelta(minutes=30, seconds=5)
+    await s.record_demand(
+        namespace="default", name="b", source="slow-proxy", queued=2, when=NOW, message_id="1", valid_for=valid_for
+    )
+    await s.record_demand(namespace="default", name="b", source="external", queued=1, when=NOW, message_id="2")
+
+    async def queued(at: datetime) -> int:
+        world, _ = await s.load_world(at, WINDOW)
+        return world.group("gpu").member(B).queued  # type: ignore[union-attr]
+
+    assert await queued(NOW) == 3
+    later = NOW + WINDOW + timedelta(seconds=1)  # past the TTL: only the message without a validity of its own lapsed
+    assert await queued(later) == 2
+    await s.prune(later + timedelta(minutes=10), keep=timedelta(minutes=5))
+    assert await queued(NOW + valid_for) == 2
+    assert await queued(NOW + valid_for + timedelta(seconds=1)) == 0
+    await s.prune(NOW + valid_for + timedelta(seconds=1), keep=timedelta(minutes=5))
+    assert await s.record_demand(
+        namespace="default", name="b", source="slow-proxy", queued=1, when=NOW, message_id="3"
+    ), "the pruned slot takes a new count (an older time than the pruned one is no conflict)"
+    assert await queued(NOW) == 1
+
+
 async def test_store_in_flight_counts_per_proxy_fall_to_zero_and_age_out(store: Any) -> None:
     s = await seeded(store)
     assert await s.record_in_flight(source="p1", counts={A: 2, C: 1}, when=NOW) == set()
@@ -163,6 +192,170 @@ async def test_store_gpugroup_lists_its_members_with_their_priorities(store: Any
     assert "solo.ml.c" in await s.group_names()
 
 
+def gpugroup(name: str, *members: tuple[str, str]) -> GPUGroup:
+    return GPUGroup.model_validate(
+        {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": name},
+            "spec": {"models": [{"namespace": ns, "name": n, "priority": 70} for ns, n in members]},
+        }
+    )
+
+
+async def elect(store: Any, at: datetime) -> list[GroupPlan]:
+    """One election pass over every group, stored (what the loop does)."""
+    world, _ = await store.load_world(at, WINDOW)
+    plans = [
+        plan_group(g, at, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}-{at:%H%M%S}")
+        for g in world.groups
+    ]
+    await store.apply_plans(world, plans, at)
+    return plans
+
+
+async def report(store: Any, key: ModelKey, phase: str, at: datetime) -> None:
+    """The actuator confirms the model's last command."""
+    row = next(r for r in await store_models(store) if (r.namespace, r.name) == key)
+    assert await store.record_runtime(
+        namespace=key.namespace,
+        name=key.name,
+        phase=phase,
+        generation=row.command_generation,
+        endpoint="http://x" if phase == "Ready" else None,
+        message="",
+        when=at,
+    )
+
+
+async def store_models(store: Any) -> list[Any]:
+    return list(store.models.values()) if isinstance(store, MemoryStore) else await store.models()
+
+
+async def load(store: Any, key: ModelKey, at: datetime) -> None:
+    """Promote the model, elect, and have the actuator report it Ready: it holds its group's GPU."""
+    await store.set_promoted(key.namespace, key.name, at)
+    await elect(store, at)
+    await report(store, key, "Ready", at)
+
+
+async def park(store: Any, key: ModelKey, at: datetime) -> list[GroupPlan]:
+    """Park the model as the status page's Park does, elect (a park command), and have the actuator confirm it."""
+    await store.set_parked(key.namespace, key.name, at)
+    plans = await elect(store, at)
+    await report(store, key, "Parked", at)
+    return plans
+
+
+async def where(store: Any, key: ModelKey, at: datetime) -> tuple[str, Any]:
+    world, _ = await store.load_world(at, WINDOW)
+    (group,) = [g for g in world.groups if g.member(key) is not None]
+    return group.name, group.member(key)
+
+
+async def test_store_refuses_a_gpugroup_change_that_would_move_a_loaded_model_until_it_is_parked(
+    store: Any,
+) -> None:
+    """Admin API: creating, changing or deleting a GPUGroup that would move a model which may hold its group's GPU
+    is refused (the API answers 409 with this message) and changes nothing; once the model is parked it goes
+    through."""
+    s = await seeded(store)
+    await load(store, C, NOW)
+    with pytest.raises(MembershipChangeRefused) as refused:
+        await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
+    assert str(refused.value).startswith(
+        "GPUGroup 'v1' cannot be created: it would move model ml/c from a group of its own to group 'v1' while it "
+        "may still hold the GPU of a group of its own"
+    )
+    assert "v1" not in await s.group_names()
+    group, c = await where(store, C, NOW)
+    assert group == "solo.ml.c" and c.ready and c.moving_to is None
+    world, _ = await s.load_world(NOW, WINDOW)
+    assert world.statuses[C].shared_state == SharedState.ACTIVE.value
+
+    later = NOW + timedelta(seconds=5)
+    await park(store, C, later)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), later)
+    assert (await where(store, C, later))[0] == "v1"
+
+    # loaded in v1: neither a change that drops it from the list nor the GPUGroup's deletion moves it
+    later += timedelta(seconds=5)
+    await load(store, C, later)
+    with pytest.raises(MembershipChangeRefused, match=r"'v1' cannot be changed: it would move model ml/c from group"):
+        await store.put_gpugroup(gpugroup("v1", ("ml", "other")), later)
+    with pytest.raises(MembershipChangeRefused, match=r"'v1' cannot be deleted: it would move model ml/c from group"):
+        await store.delete_group("v1")
+    group, c = await where(store, C, later)
+    assert group == "v1" and c.ready and c.priority == 70
+    world, _ = await s.load_world(later, WINDOW)
+    assert world.statuses[C].shared_state == SharedState.ACTIVE.value
+    assert world.group("v1").active == C  # type: ignore[union-attr]
+
+    later += timedelta(seconds=5)
+    await park(store, C, later)
+    assert await store.delete_group("v1")
+    assert (await where(store, C, later))[0] == "solo.ml.c" and "v1" not in await s.group_names()
+
+
+async def test_store_gpugroup_from_kubernetes_moves_a_loaded_model_once_it_is_parked(store: Any) -> None:
+    """Kubernetes: the change is in the cluster already, so it is applied; the loaded model stays in its group,
+    which parks it as in a swap (reason group-change), and it moves once the actuator confirmed the park."""
+    s = await seeded(store)
+    kubernetes = Origin("kubernetes", NOW, 1)
+    await load(store, C, NOW)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW, kubernetes)
+    group, c = await where(store, C, NOW)
+    assert group == "solo.ml.c" and c.moving_to == "v1" and c.leaving
+    assert await s.finish_moves([C]) == []  # not parked yet
+
+    plans = {p.group: p for p in await elect(store, NOW)}
+    solo = plans["solo.ml.c"]
+    assert solo.election.leader is None
+    (swap,) = [u.swap for u in solo.swap_updates]
+    assert swap.reason == SwapReason.GROUP_CHANGE and swap.from_model == C
+    assert "moving to group 'v1' once parked in a group of its own" in solo.statuses[C].message
+    commands = [(c.key, c.action) for c in solo.commands]
+    for seconds in range(1, 5):  # the drain settles, then the park is sent
+        commands += [
+            (c.key, c.action) for p in await elect(store, NOW + timedelta(seconds=seconds)) for c in p.commands
+        ]
+    assert commands == [(C, ScaleAction.PARK)]
+    assert await s.finish_moves([C]) == []  # commanded, not confirmed
+    later = NOW + timedelta(seconds=5)
+    await report(store, C, "Parked", later)
+    assert await s.finish_moves([C]) == [GroupMove(C, "solo.ml.c", "v1")]
+    group, c = await where(store, C, later)
+    assert group == "v1" and c.moving_to is None and c.priority == 70
+    assert "solo.ml.c" not in await s.group_names()
+
+    # deleted in Kubernetes while c holds v1's GPU: v1 stays (as a group without a manifest) until c has left it
+    later += timedelta(seconds=5)
+    await load(store, C, later)
+    assert await store.delete_group("v1", Origin("kubernetes", later, 2))
+    group, c = await where(store, C, later)
+    assert group == "v1" and c.moving_to == "solo.ml.c"
+    later += timedelta(seconds=5)
+    await park(store, C, later)
+    assert await s.finish_moves([C]) == [GroupMove(C, "v1", "solo.ml.c")]
+    assert (await where(store, C, later))[0] == "solo.ml.c" and "v1" not in await s.group_names()
+
+
+async def test_store_a_model_moved_by_kubernetes_while_loaded_keeps_its_group_until_parked(store: Any) -> None:
+    """The same for a Model's own spec.gpu.shared changed in Kubernetes (the admin API refuses it with 409)."""
+    s = await seeded(store)
+    kubernetes = Origin("kubernetes", NOW, 1)
+    await store.put_model(model("c", "ml"), NOW, kubernetes)
+    await load(store, C, NOW)
+    await store.put_model(model("c", "ml", shared="gpu", priority=3), NOW, Origin("kubernetes", NOW, 2))
+    group, c = await where(store, C, NOW)
+    assert group == "solo.ml.c" and c.moving_to == "gpu"
+    later = NOW + timedelta(seconds=5)
+    await park(store, C, later)
+    assert await s.finish_moves([C]) == [GroupMove(C, "solo.ml.c", "gpu")]
+    group, c = await where(store, C, later)
+    assert group == "gpu" and c.priority == 3
+
+
 @pytest.fixture(params=["memory", "nats"])
 async def bus(request: pytest.FixtureRequest, nats_url: str) -> AsyncIterator[SchedulerBus]:
     if request.param == "memory":
@@ -219,9 +412,14 @@ async def test_bus_delivers_a_message_to_its_consumer_once_per_message_id(bus: S
         demand = Demand(model="a", namespace="default", queued=1, source="p", time=NOW)
         await bus.publish("flexinfer.demand.default.a", demand, msg_id="once")
         await bus.publish("flexinfer.demand.default.a", demand, msg_id="once")
-        await asyncio.wait_for(arrived.wait(), 10)
-        await asyncio.sleep(0.3)
-        assert [(d.model, d.queued) for d in got] == [("a", 1)]
+        # a later message, delivered after whatever the duplicate would have been: once it is here, so would it be
+        later = Demand(model="b", namespace="default", queued=2, source="p", time=NOW)
+        await bus.publish("flexinfer.demand.default.b", later, msg_id="later")
+        async with asyncio.timeout(10):
+            while not any(d.model == "b" for d in got):
+                arrived.clear()
+                await arrived.wait()
+        assert [(d.model, d.queued) for d in got] == [("a", 1), ("b", 2)]
     finally:
         await consumer.stop()
 
@@ -249,3 +447,73 @@ async def test_lock_one_holder_at_a_time(locks: tuple[LeaderLock, LeaderLock]) -
     await first.release()
     assert not await first.still_held()
     assert await second.try_acquire()
+
+
+def declaration(name: str, **spec: Any) -> GPUGroup:
+    """A GPUGroup without models: the spec of the v1alpha2 shared group ``name``."""
+    return GPUGroup.model_validate(
+        {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+async def test_store_gpugroup_declares_the_scheduling_of_a_v1alpha2_group(store: Any) -> None:
+    s = await seeded(store)
+    assert await store.put_gpugroup(declaration("gpu", scheduling="seed"), NOW)
+    world, _ = await s.load_world(NOW, WINDOW)
+    gpu = world.group("gpu")
+    assert gpu is not None and gpu.policy == GroupPolicy.V1ALPHA2 and gpu.v1alpha1 is None
+    assert gpu.scheduling == SchedulingPolicy.SEED
+    assert {m.key for m in gpu.members} == {A, B}  # the members stay the models that name it
+    # an election writes the group's row; the declaration stays
+    await s.record_demand(namespace="default", name="a", source="p1", queued=1, when=NOW, message_id="1")
+    world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
+    (plan,) = [
+        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id="s1")
+        for g in world.groups
+    ]
+    await s.apply_plans(world, [plan], NOW)
+    world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
+    gpu = world.group("gpu")
+    assert gpu is not None and gpu.active == A and gpu.scheduling == SchedulingPolicy.SEED
+    assert not await store.put_gpugroup(declaration("gpu", scheduling="flexinfer"), NOW)  # updated, not created
+    world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
+    assert world.group("gpu").scheduling == SchedulingPolicy.FLEXINFER  # type: ignore[union-attr]
+    # deleted: the setting decides again, and the group keeps its holder
+    assert await store.delete_group("gpu")
+    assert not await store.delete_group("gpu")
+    world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
+    gpu = world.group("gpu")
+    assert gpu is not None and gpu.scheduling is None and gpu.active == A
+
+
+async def test_store_keeps_a_declared_group_without_models(store: Any) -> None:
+    s = await seeded(store)
+    assert await store.put_gpugroup(declaration("later", scheduling="seed"), NOW)
+    await store.put_model(model("d", shared="later"), NOW)
+    await store.delete_model("default", "d")
+    world, _ = await s.load_world(NOW, WINDOW)
+    later = world.group("later")
+    assert later is not None and later.members == () and later.scheduling == SchedulingPolicy.SEED
+
+
+async def test_store_estimates_an_undeclared_memory_from_local_weights(store: Any, tmp_path: Path) -> None:
+    weights = tmp_path / "model.gguf"
+    with weights.open("wb") as out:
+        out.truncate(3 << 30)
+    s: SchedulerStore = store
+    declared = model("small", shared="card", memory="2Gi")
+    local = Model.model_validate(
+        {
+            **model("local", shared="card").model_dump(by_alias=True),
+            "spec": {**model("local", shared="card").model_dump(by_alias=True)["spec"], "source": str(weights)},
+        }
+    )
+    for m in (declared, local, model("remote", shared="card")):
+        await store.put_model(m, NOW)
+    world, _ = await s.load_world(NOW, WINDOW)
+    card = world.group("card")
+    assert card is not None
+    by_name = {m.key.name: m for m in card.members}
+    assert (by_name["small"].memory, by_name["small"].memory_estimated) == (2 << 30, False)
+    assert (by_name["local"].memory, by_name["local"].memory_estimated) == (estimate_memory(3 << 30), True)
+    assert (by_name["remote"].memory, by_name["remote"].memory_estimated) == (None, False)

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ import aiohttp
 import pytest
 
 from flexinfer_common.bus import Bus
-from tests.support.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model, running_system
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,17 +29,6 @@ async def chat(
     body = {"model": model, "messages": [{"role": "user", "content": text}]}
     async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
         return resp.status, await resp.json(), dict(resp.headers)
-
-
-async def wait_for(predicate: Any, limit: float = 20, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {limit}s (last value {value!r})")
-        await asyncio.sleep(interval)
 
 
 class ProcessTableWatcher:
@@ -121,12 +110,15 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(
         assert group["activeModel"] == {"namespace": "default", "name": "b"}
         members = {m["name"]: m for m in group["models"]}
         assert members["b"]["phase"] == "Ready" and members["b"]["state"] == "Active"
-        assert members["a"]["phase"] == "Preempted" and members["a"]["preemptedBy"] == "b"
+        # a was quiet: FlexInfer's policy parks it as idle (no preemption) and b holds for its load
+        assert members["a"]["phase"] == "Idle" and members["a"]["preemptedBy"] is None
+        assert group["scheduling"] == "flexinfer" and group["election"]["leader"]["name"] == "b"
+        assert members["a"]["requests"]["waiting"] == 0 and "inFlight" in members["b"]["requests"]
         assert group["cooldownRemainingSeconds"] > 0
 
         swaps = (await system.get("scheduler", "/api/v1/swaps"))["items"]
         latest = swaps[0]
-        assert (latest["fromModel"], latest["toModel"], latest["reason"]) == ("default/a", "default/b", "demand")
+        assert (latest["fromModel"], latest["toModel"], latest["reason"]) == ("default/a", "default/b", "idle")
         assert latest["finishedAt"] is not None and {"parking", "loading"} <= set(latest["phases"])
 
         # The leader's per-group gauges: b active, a a member; no swap running. A deleted model's series goes.

@@ -21,10 +21,11 @@ import pytest
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from tests.integration.test_swap import ProcessTableWatcher, chat, response_number, wait_for
-from tests.support.kube import KubeCluster, running_cluster
-from tests.support.kube_models import PodsRecorder, add_model
-from tests.support.system import System, fake_model, running_system
+from flexinfer_testbed.kube import KubeCluster, running_cluster
+from flexinfer_testbed.kube_models import PodsRecorder, add_model
+from flexinfer_testbed.system import System, fake_model, running_system
+from tests.integration.test_swap import ProcessTableWatcher, chat, response_number
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,7 @@ class KubernetesBackend:
         os.kill(int(container_id.removeprefix("fake://")), signal.SIGKILL)
 
 
-@pytest.fixture(params=["local", "kubernetes"])
+@pytest.fixture(params=["local", pytest.param("kubernetes", marks=pytest.mark.emulator)])
 async def backend(
     request: pytest.FixtureRequest, database_url: str, clean_nats: str, tmp_path: Path
 ) -> AsyncIterator[Backend]:
@@ -159,7 +160,7 @@ async def test_a_request_for_the_parked_model_parks_the_active_one_then_drains_t
     assert frozenset({"a"}) in seen and seen[-1] == frozenset({"b"})
     assert seen.index(frozenset({"a"})) < seen.index(frozenset({"b"}))
     swaps = (await system.get("scheduler", "/api/v1/swaps"))["items"]
-    assert (swaps[0]["fromModel"], swaps[0]["toModel"], swaps[0]["reason"]) == ("default/a", "default/b", "demand")
+    assert (swaps[0]["fromModel"], swaps[0]["toModel"], swaps[0]["reason"]) == ("default/a", "default/b", "idle")
     assert {"parking", "loading"} <= set(swaps[0]["phases"])
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from flexinfer_common.bus import Bus
+from flexinfer_testbed.system import fake_model, running_system
 from tests.integration.test_scheduler_policies import members, running
-from tests.integration.test_swap import chat, wait_for
-from tests.support.system import fake_model, running_system
+from tests.integration.test_swap import chat
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

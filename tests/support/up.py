@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from flexinfer_cli.embedded import free_port
+from tests.support.run_as import suite_run_as
 
 BIN = Path(sys.executable).parent
 
@@ -18,5 +19,6 @@ def up_environment(state_dir: Path, **settings: str) -> dict[str, str]:
         env[f"FLEXINFER_{service}_PORT"] = str(free_port())
     env["FLEXINFER_STATE_DIR"] = str(state_dir)
     env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env.update(suite_run_as())
     env.update(settings)
     return env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -11,16 +12,20 @@ from flexinfer_actuator.domain.commands import (
     ActivatePlan,
     GenerationVerdict,
     ParkPlan,
+    ProbeAnswer,
+    ProcessUser,
     describe_exit,
     exit_failure_message,
     load_timeout_message,
     log_file_name,
     plan_activation,
     plan_park,
+    probe_message,
     process_environment,
     readiness_url,
     render_command,
     should_apply,
+    should_report_probe,
     tail_lines,
 )
 from flexinfer_actuator.domain.processes import ProcessPhase
@@ -118,17 +123,69 @@ def test_plan_park(observed: ProcessPhase | None, strategy: ParkStrategy, expect
     assert plan_park(observed, strategy) is expected
 
 
+NOBODY = ProcessUser(name="nobody", uid=65534, gid=65534, home="/tmp/flexinfer-m-x")
+
+
 @pytest.mark.parametrize(
-    ("base", "env", "port", "expected"),
+    ("base", "env", "kwargs", "expected"),
     [
-        pytest.param({"PATH": "/bin"}, {}, 9000, {"PATH": "/bin", "PORT": "9000"}, id="ours-plus-port"),
-        pytest.param({"A": "1"}, {"A": "2", "B": "3"}, 1, {"A": "2", "B": "3", "PORT": "1"}, id="spec-env-wins"),
-        pytest.param({"PORT": "5"}, {"PORT": "6"}, 7, {"PORT": "7"}, id="port-wins-over-everything"),
+        pytest.param({"PATH": "/bin"}, {}, {}, {"PATH": "/bin", "PORT": "9000"}, id="ours-plus-port"),
+        pytest.param(
+            {"PATH": "/bin", "LANG": "C.UTF-8", "HOME": "/root", "TZ": "UTC"},
+            {},
+            {},
+            {"PATH": "/bin", "LANG": "C.UTF-8", "HOME": "/root", "TZ": "UTC", "PORT": "9000"},
+            id="basics-inherited",
+        ),
+        pytest.param(
+            {"PATH": "/bin", "FLEXINFER_ADMIN_TOKEN": "s3cret", "FLEXINFER_DATABASE_URL": "pg://u:p@h/db"},
+            {},
+            {"pass_through": ("FLEXINFER_ADMIN_TOKEN",)},
+            {"PATH": "/bin", "PORT": "9000"},
+            id="never-our-settings",
+        ),
+        pytest.param(
+            {"SSH_AUTH_SOCK": "/tmp/agent", "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPYCACHEPREFIX": "/x"},
+            {},
+            {},
+            {"PORT": "9000"},
+            id="nothing-unlisted-inherited",
+        ),
+        pytest.param(
+            {"CUDA_VISIBLE_DEVICES": "1", "HF_HOME": "/srv/hf", "OTHER": "x"},
+            {},
+            {"pass_through": ("CUDA_VISIBLE_DEVICES", "HF_*")},
+            {"CUDA_VISIBLE_DEVICES": "1", "HF_HOME": "/srv/hf", "PORT": "9000"},
+            id="operator-list-passes-through",
+        ),
+        pytest.param(
+            {"HOME": "/root", "USER": "root", "PATH": "/bin"},
+            {},
+            {"user": NOBODY},
+            {"HOME": NOBODY.home, "USER": "nobody", "LOGNAME": "nobody", "PATH": "/bin", "PORT": "9000"},
+            id="run-as-user-gets-its-home",
+        ),
+        pytest.param(
+            {},
+            {"OLLAMA_HOST": "0.0.0.0:1"},
+            {"preset_env": {"OLLAMA_HOST": "127.0.0.1:9000", "X": "1"}},
+            {"OLLAMA_HOST": "0.0.0.0:1", "X": "1", "PORT": "9000"},
+            id="spec-env-over-preset",
+        ),
+        pytest.param({"PORT": "5"}, {"PORT": "6"}, {}, {"PORT": "9000"}, id="port-wins-over-everything"),
     ],
 )
-def test_process_environment(base: dict[str, str], env: dict[str, str], port: int, expected: dict[str, str]) -> None:
+def test_process_environment(
+    base: dict[str, str], env: dict[str, str], kwargs: dict[str, Any], expected: dict[str, str]
+) -> None:
     spec = RuntimeSpec(namespace="default", name="m", env=env)
-    assert process_environment(base, spec, port) == expected
+    assert process_environment(base, spec, 9000, **kwargs) == expected
+
+
+def test_a_placed_model_sees_only_its_devices_whatever_its_env_says() -> None:
+    spec = RuntimeSpec(namespace="default", name="m", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, devices=[1, 2])
+    env = process_environment({"CUDA_VISIBLE_DEVICES": "0"}, spec, 9000, pass_through=("CUDA_VISIBLE_DEVICES",))
+    assert (env["CUDA_VISIBLE_DEVICES"], env["HIP_VISIBLE_DEVICES"], env["ROCR_VISIBLE_DEVICES"]) == ("1,2",) * 3
 
 
 @pytest.mark.parametrize(
@@ -174,11 +231,12 @@ def test_tail_lines(text: str, count: int, expected: list[str]) -> None:
 @pytest.mark.parametrize(
     ("returncode", "expected"),
     [
-        pytest.param(0, "exit code 0", id="clean-exit"),
-        pytest.param(1, "exit code 1", id="error-exit"),
+        pytest.param(0, "exited with code 0", id="clean-exit"),
+        pytest.param(1, "exited with code 1", id="error-exit"),
         pytest.param(-9, "killed by signal 9 (SIGKILL)", id="sigkill"),
+        pytest.param(-4, "killed by signal 4 (SIGILL)", id="sigill-an-unportable-build"),
         pytest.param(-15, "killed by signal 15 (SIGTERM)", id="sigterm"),
-        pytest.param(-10, "killed by signal 10", id="unnamed-signal"),
+        pytest.param(-200, "killed by signal 200", id="unnamed-signal"),
     ],
 )
 def test_describe_exit(returncode: int, expected: str) -> None:
@@ -192,11 +250,16 @@ def test_describe_exit(returncode: int, expected: str) -> None:
             1,
             False,
             ["loading weights", "load failed"],
-            "process exited before it was ready (exit code 1); last log lines:\nloading weights\nload failed",
+            "process exited with code 1 before it was ready; last log lines:\nloading weights\nload failed",
             id="failed-load-quotes-log",
         ),
+        pytest.param(-9, True, [], "process killed by signal 9 (SIGKILL) after it was Ready", id="killed-no-log"),
         pytest.param(
-            -9, True, [], "process exited after it was Ready (killed by signal 9 (SIGKILL))", id="killed-no-log"
+            -4,
+            True,
+            ["ggml_backend_amx_mul_mat"],
+            "process killed by signal 4 (SIGILL) after it was Ready; last log lines:\nggml_backend_amx_mul_mat",
+            id="crash-after-ready-quotes-log",
         ),
     ],
 )
@@ -207,6 +270,46 @@ def test_exit_failure_message(returncode: int, was_ready: bool, tail: list[str],
 def test_load_timeout_message_names_the_timeout() -> None:
     assert load_timeout_message(1.5, ["still loading"]) == (
         "not ready within the load timeout (1.5s); process stopped; last log lines:\nstill loading"
+    )
+    assert load_timeout_message(600, [], "GET /health → 404, 12 tries") == (
+        "not ready within the load timeout (600s): GET /health → 404, 12 tries; process stopped"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "tries", "expected"),
+    [
+        pytest.param("/health", ProbeAnswer(status=404), 12, "GET /health → 404, 12 tries", id="status"),
+        pytest.param("health", ProbeAnswer(status=503), 1, "GET /health → 503, 1 try", id="one-try"),
+        pytest.param(
+            "/v1/models",
+            ProbeAnswer(error="connection refused"),
+            40,
+            "GET /v1/models → connection refused, 40 tries",
+            id="no-answer",
+        ),
+    ],
+)
+def test_probe_message(path: str, answer: ProbeAnswer, tries: int, expected: str) -> None:
+    assert probe_message(path, answer, tries) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "last", "loading", "since", "expected"),
+    [
+        pytest.param(ProbeAnswer(status=404), None, 0.5, 0.5, False, id="quiet-first-second"),
+        pytest.param(ProbeAnswer(status=404), None, 1.2, 1.2, True, id="first-answer-after-a-second"),
+        pytest.param(ProbeAnswer(status=404), ProbeAnswer(status=503), 3, 0.1, True, id="answer-changed"),
+        pytest.param(ProbeAnswer(status=404), ProbeAnswer(status=404), 3, 0.1, False, id="same-answer-not-repeated"),
+        pytest.param(ProbeAnswer(status=404), ProbeAnswer(status=404), 30, 5.0, True, id="same-answer-refreshed"),
+        pytest.param(ProbeAnswer(status=200), ProbeAnswer(status=503), 30, 9, False, id="ready-is-not-loading"),
+    ],
+)
+def test_should_report_probe(
+    answer: ProbeAnswer, last: ProbeAnswer | None, loading: float, since: float, expected: bool
+) -> None:
+    assert should_report_probe(answer, last_reported=last, loading_seconds=loading, seconds_since_report=since) is (
+        expected
     )
 
 

@@ -15,18 +15,20 @@ from flexinfer_actuator import flash_loader
 from flexinfer_actuator.domain.rendering import (
     ANNOTATION_FORCED,
     ANNOTATION_HASH,
+    CoResidence,
     RenderError,
     RenderSettings,
     RolloutDecision,
     SourceKind,
     backends_from,
     cleanup_job,
+    co_residence_of,
     decide_rollout,
     parse_source,
     render,
     rollout_patch,
 )
-from flexinfer_common.manifests import Model
+from flexinfer_common.manifests import GPUGroup, Model
 
 SETTINGS = RenderSettings(backends=backends_from(None), flash_loader_image="registry.example.com/flexinfer-actuator:1")
 OWNER = {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "metadata": {"name": "qwen3-8b", "uid": "u-1"}}
@@ -267,6 +269,142 @@ def test_render_node_placement_gpus_and_env() -> None:
     validate(workload.deployment)
 
 
+ON_BOX = {"nodeSelector": {"kubernetes.io/hostname": "box"}}
+CARD = CoResidence(group="homelab-gpu")
+
+
+@pytest.mark.parametrize(
+    ("kubernetes", "co_residence", "limits", "node_selector"),
+    [
+        pytest.param({}, None, {"nvidia.com/gpu": "1"}, None, id="no-capacity-a-whole-gpu-as-the-seed"),
+        pytest.param(
+            ON_BOX, CARD, {"nvidia.com/gpu.shared": "1"}, {"kubernetes.io/hostname": "box"}, id="co-resident-a-replica"
+        ),
+        pytest.param(
+            {**ON_BOX, "gpus": 2},
+            CARD,
+            {"nvidia.com/gpu.shared": "1"},
+            {"kubernetes.io/hostname": "box"},
+            id="co-resident-one-replica-per-device-placed-not-per-gpus",
+        ),
+        pytest.param(
+            ON_BOX,
+            CoResidence(group="homelab-gpu", peers={"ml/coder": "box", "ml/embed": "box"}),
+            {"nvidia.com/gpu.shared": "1"},
+            {"kubernetes.io/hostname": "box"},
+            id="co-resident-beside-peers-on-the-same-node",
+        ),
+        pytest.param({**ON_BOX, "gpus": 0}, CARD, None, {"kubernetes.io/hostname": "box"}, id="no-gpu-asks-none"),
+    ],
+)
+def test_render_co_resident_models_share_the_card(
+    kubernetes: dict[str, Any],
+    co_residence: CoResidence | None,
+    limits: dict[str, str] | None,
+    node_selector: dict[str, str] | None,
+) -> None:
+    workload = render(model(**SEED, kubernetes=kubernetes), OWNER, SETTINGS, co_residence=co_residence)
+    container = server(workload)
+    assert (container.get("resources") or {}).get("limits") == limits
+    assert workload.deployment["spec"]["template"]["spec"].get("nodeSelector") == node_selector
+    # The device plugin exposes the replica's card to the container (as its device 0): no group index is set.
+    assert not {e["name"] for e in container["env"]} & {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+    validate(workload.deployment)
+
+
+def test_the_node_may_come_from_the_actuators_selector_and_the_shared_resource_is_a_setting() -> None:
+    settings = RenderSettings(
+        backends=backends_from(None),
+        shared_gpu_resource="nvidia.com/gpu",  # a plugin that keeps the name (renameByDefault: false)
+        node_selector={"kubernetes.io/hostname": "homelab"},
+    )
+    workload = render(model(**SEED), OWNER, settings, co_residence=CARD)
+    assert server(workload)["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert workload.deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "homelab"}
+    validate(workload.deployment)
+
+
+@pytest.mark.parametrize(
+    ("kubernetes", "co_residence", "message"),
+    [
+        pytest.param(
+            {"nodeSelector": {"gpu": "true"}},
+            CARD,
+            r"spec.kubernetes.nodeSelector: group 'homelab-gpu' has a spec.capacity .* set kubernetes.io/hostname",
+            id="co-resident-without-a-node",
+        ),
+        pytest.param(
+            ON_BOX,
+            CoResidence(group="homelab-gpu", peers={"ml/coder": "box", "ml/embed": "other"}),
+            r"kubernetes.io/hostname='box', but group 'homelab-gpu' shares one card and ml/embed is on 'other'",
+            id="co-resident-on-another-node-than-a-peer",
+        ),
+        pytest.param(
+            ON_BOX,
+            CoResidence(group="homelab-gpu", group_devices=2),
+            r"spec.gpu.shared: group 'homelab-gpu' declares spec.capacity.devices 2; .* one GPUGroup per card",
+            id="co-resident-in-a-group-of-two-cards",
+        ),
+    ],
+)
+def test_render_refuses_a_co_resident_pod_it_cannot_place(
+    kubernetes: dict[str, Any], co_residence: CoResidence, message: str
+) -> None:
+    with pytest.raises(RenderError, match=message):
+        render(model(**SEED, kubernetes=kubernetes), OWNER, SETTINGS, co_residence=co_residence)
+
+
+def gpugroup(name: str, spec: dict[str, Any]) -> GPUGroup:
+    return GPUGroup.model_validate(
+        {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+def member(name: str, **spec: Any) -> Model:
+    return Model.model_validate(
+        {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "Model",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": spec,
+        }
+    )
+
+
+CAPACITY = {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}}
+
+
+@pytest.mark.parametrize(
+    ("groups", "members", "expected"),
+    [
+        pytest.param([], [], None, id="no-gpugroup-one-at-a-time"),
+        pytest.param([gpugroup("homelab-gpu", {"scheduling": "seed"})], [], None, id="gpugroup-without-capacity"),
+        pytest.param([gpugroup("other-gpu", CAPACITY)], [], None, id="another-groups-capacity"),
+        pytest.param(
+            [gpugroup("homelab-gpu", {**CAPACITY, "models": [{"name": "qwen3-8b"}]})],
+            [],
+            None,
+            id="a-v1alpha1-group-is-not-the-shared-groups-declaration",
+        ),
+        pytest.param(
+            [gpugroup("homelab-gpu", CAPACITY)],
+            [
+                member("coder", gpu={"shared": "homelab-gpu"}, kubernetes=ON_BOX),
+                member("embed", gpu={"shared": "homelab-gpu"}),  # no node of its own: its own render says so
+                member("adopted", gpu={"shared": "homelab-gpu"}, deployment="theirs", kubernetes=ON_BOX),
+                member("elsewhere", gpu={"shared": "other-gpu"}, kubernetes=ON_BOX),
+            ],
+            CoResidence(group="homelab-gpu", peers={"ml/coder": "box"}),
+            id="capacity-declared-peers-that-flexinfer-renders",
+        ),
+    ],
+)
+def test_co_residence_comes_from_the_gpugroups_capacity(
+    groups: list[GPUGroup], members: list[Model], expected: CoResidence | None
+) -> None:
+    assert co_residence_of(model(**SEED), groups, members, SETTINGS) == expected
+
+
 def test_backends_are_configurable_and_checked() -> None:
     backends = backends_from({"vllm": {"image": "mirror.local/vllm:1"}, "ollama": None, "tgi": {"image": "tgi:2"}})
     assert backends["vllm"].image == "mirror.local/vllm:1" and "ollama" not in backends and "tgi" in backends
@@ -401,7 +539,11 @@ def test_the_charts_rendering_values_are_settings_the_actuator_reads(monkeypatch
 
     values = {
         "backends": {"vllm": {"image": "mirror.local/vllm:1"}, "ollama": None},
-        "rendering": {"gpuResource": "amd.com/gpu", "modelNodeSelector": {"gpu": "yes"}},
+        "rendering": {
+            "gpuResource": "amd.com/gpu",
+            "sharedGpuResource": "nvidia.com/gpu",
+            "modelNodeSelector": {"gpu": "yes"},
+        },
     }
     deployment = next(d for d in render(chart_dir("actuator"), values) if d["kind"] == "Deployment")
     for entry in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
@@ -410,6 +552,7 @@ def test_the_charts_rendering_values_are_settings_the_actuator_reads(monkeypatch
     monkeypatch.setenv("FLEXINFER_BIND_HOST", "127.0.0.1")
     render_settings = load_settings(ActuatorSettings).render_settings()
     assert render_settings.gpu_resource == "amd.com/gpu"
+    assert render_settings.shared_gpu_resource == "nvidia.com/gpu"
     assert render_settings.node_selector == {"gpu": "yes"}
     assert render_settings.flash_loader_image == "flexinfer-actuator:0.1.0"  # the chart's own image
     assert render_settings.backends["vllm"].image == "mirror.local/vllm:1" and "ollama" not in render_settings.backends

@@ -108,9 +108,20 @@ def test_gpugroup_members_default_to_the_groups_namespace() -> None:
     assert members == [("ml", "a"), ("other", "b")]
 
 
-def test_gpugroup_without_models_is_invalid() -> None:
+def test_gpugroup_with_an_empty_models_list_is_invalid() -> None:
     verdict = gpugroup_spec(group_object("g", "ml", "2026-01-01T00:00:00Z", []))
     assert verdict.manifest is None and verdict.error is not None and "spec.models" in verdict.error
+
+
+def test_gpugroup_without_models_declares_a_v1alpha2_groups_scheduling() -> None:
+    obj = group_object("g", "ml", "2026-01-01T00:00:00Z", [])
+    obj["spec"] = {"scheduling": "seed"}
+    verdict = gpugroup_spec(obj)
+    assert verdict.error is None and verdict.manifest is not None
+    assert verdict.manifest["spec"]["scheduling"] == "seed" and "models" not in verdict.manifest["spec"]
+    obj["spec"] = {"scheduling": "fastest"}
+    refused = gpugroup_spec(obj)
+    assert refused.manifest is None and refused.error is not None and "spec.scheduling" in refused.error
 
 
 def test_gpugroup_names_are_owned_by_the_oldest() -> None:
@@ -278,6 +289,21 @@ def test_swap_finished_tells_how_long_each_phase_took() -> None:
     notes = swap_notes(swap_event("swap.finished", phases={"parking": 0.5, "loading": 2.0}, phase=SwapPhase.READY))
     assert notes == [
         Note("ml", "b", EventType.NORMAL, "Activated", "holds the GPU of group g after 2.5s (parking 0.5s, loading 2s)")
+    ]
+
+
+def test_a_model_moved_out_of_its_group_while_loaded_gets_a_warning() -> None:
+    """A GPUGroup (or spec.gpu.shared) changed in Kubernetes moved a loaded model: it is parked in its group first,
+    and ``kubectl describe model`` says so with a Warning."""
+    notes = swap_notes(swap_event("swap.started", to_model=None, reason=SwapReason.GROUP_CHANGE))
+    assert notes == [
+        Note(
+            "ml",
+            "a",
+            EventType.WARNING,
+            "GroupChangeDeferred",
+            "moved to another group while it holds the GPU of group g: parked here first, then moved",
+        )
     ]
 
 

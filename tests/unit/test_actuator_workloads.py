@@ -224,7 +224,7 @@ OOM = {"exitCode": 137, "reason": "OOMKilled", "message": "CUDA out of memory. T
             run_state(was_ready=True),
             Verdict(
                 RuntimePhase.LOADING,
-                message="CrashLoopBackOff: container server exited with code 137 (3 restarts): "
+                message="CrashLoopBackOff: container server exited with code 137 (SIGKILL) (3 restarts): "
                 "CUDA out of memory. Tried to allocate 2.00 GiB",
             ),
             id="crash-after-ready-shows-the-last-termination-message",
@@ -235,6 +235,15 @@ OOM = {"exitCode": 137, "reason": "OOMKilled", "message": "CUDA out of memory. T
             run_state(was_ready=True),
             Verdict(RuntimePhase.LOADING, message="restarting: no pod is Ready"),
             id="restart-after-ready-is-loading",
+        ),
+        pytest.param(
+            deployment(1),
+            [pod(ready=False, last_terminated={"exitCode": 132, "reason": "Error"}, restarts=1)],
+            run_state(was_ready=True),
+            Verdict(
+                RuntimePhase.LOADING, message="restarting: container server exited with code 132 (SIGILL) (1 restarts)"
+            ),
+            id="restart-after-a-crash-says-how-it-ended",
         ),
         pytest.param(
             deployment(1),

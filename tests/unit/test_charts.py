@@ -834,10 +834,31 @@ def test_umbrella_runs_nats_and_postgresql_when_asked(umbrella: Path) -> None:
     url = base64.b64decode(secret["data"]["database-url"]).decode()
     assert len(password) == 32 and url == f"postgresql://flexinfer:{password}@{RELEASE}-postgresql:5432/flexinfer"
     postgres_env = env_of(sets[f"{RELEASE}-postgresql"]["spec"]["template"]["spec"]["containers"][0])
+    # The image's superuser is postgres with a password of its own; the services' role gets the other one.
+    superuser = base64.b64decode(secret["data"]["superuser-password"]).decode()
+    assert len(superuser) == 32 and superuser != password
+    assert postgres_env["POSTGRES_USER"]["value"] == "postgres"
+    assert "POSTGRES_DB" not in postgres_env
+    assert postgres_env["POSTGRES_HOST_AUTH_METHOD"]["value"] == "scram-sha-256"
     assert postgres_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "superuser-password",
+    }
+    assert postgres_env["FLEXINFER_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
         "name": secret["metadata"]["name"],
         "key": "password",
     }
+    # ... created, not a superuser, owner of its database only, by the init script the image runs on a new volume
+    init = next(c for c in objects(documents, "ConfigMap") if c["metadata"]["name"] == f"{RELEASE}-postgresql-init")
+    script = init["data"]["10-flexinfer-role.sh"]
+    assert "CREATE ROLE flexinfer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE" in script
+    assert "PASSWORD :'pw'" in script and password not in script  # the password comes from the environment
+    assert "CREATE DATABASE flexinfer OWNER flexinfer" in script
+    assert "REVOKE ALL ON DATABASE postgres FROM PUBLIC" in script
+    pod = sets[f"{RELEASE}-postgresql"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["init"] == "/docker-entrypoint-initdb.d"
+    assert {"name": "init", "configMap": {"name": init["metadata"]["name"]}} in pod["volumes"]
 
     # Every service connects to them; the migrations wait for the database and run after the install.
     for deployment in objects(documents, "Deployment"):
@@ -929,7 +950,8 @@ def _schema(crd: dict[str, Any]) -> dict[str, Any]:
 def test_crds_are_valid_kubernetes(crds: dict[str, dict[str, Any]]) -> None:
     def untyped(node: dict[str, Any], path: str) -> list[str]:
         # A structural schema (which the API server requires) names a type at every level.
-        found = [] if "type" in node else [path]
+        # (x-kubernetes-int-or-string is the one structural exception: a memory quantity, 6Gi or bytes)
+        found = [] if "type" in node or node.get("x-kubernetes-int-or-string") else [path]
         for name, child in node.get("properties", {}).items():
             found += untyped(child, f"{path}.{name}")
         for key in ("items", "additionalProperties"):
@@ -1047,7 +1069,8 @@ def _compare_field(annotation: Any, field: Any, schema: dict[str, Any], path: st
             problems.append(f"{path}: expected enum {expected}, CRD says {schema.get('enum')}")
     else:
         expected_type = {bool: "boolean", int: "integer", str: "string", timedelta: "string", datetime: "string"}
-        if schema.get("type") != expected_type.get(kind):
+        quantity = kind is int and schema.get("x-kubernetes-int-or-string") is True  # a memory quantity
+        if schema.get("type") != expected_type.get(kind) and not quantity:
             problems.append(f"{path}: {kind} should be {expected_type.get(kind)}, CRD says {schema.get('type')}")
         if kind is datetime and schema.get("format") != "date-time":
             problems.append(f"{path}: a time should have format date-time")
@@ -1317,6 +1340,8 @@ def test_compose_services_dependencies_and_ports(compose: dict[str, Any]) -> Non
             published[int(container)] = name
             assert host == container
             assert address == "127.0.0.1", mapping  # published on the host's loopback only
+    # the compose bus and database have no per-identity accounts: another local account must not reach them
+    assert 4222 not in published and 5432 not in published, published
     for chart, (port, _) in SERVICES.items():
         service = services[chart]
         assert service["build"]["context"] == "."
@@ -1454,3 +1479,70 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {"**/.venv", ".git", ".flexinfer", "**/__pycache__", "**/.pytest_cache"} <= patterns
+
+
+def test_the_bundled_nats_requires_each_services_own_identity(umbrella: Path) -> None:
+    """Issue 22: the bundled NATS ran without authentication, so any Pod could forge routes and commands. Now it
+    has one user per identity with flexinfer_common.nats_auth's permissions, and each service connects as its own
+    with the password generated into the release's Secret."""
+    from flexinfer_common.nats_auth import Identity, chart_permissions
+
+    assert json.loads((CHARTS / "flexinfer" / "files" / "nats-permissions.json").read_text()) == chart_permissions(), (
+        "charts/flexinfer/files/nats-permissions.json is stale: "
+        "python -m flexinfer_common.nats_auth > charts/flexinfer/files/nats-permissions.json"
+    )
+    documents = render(umbrella, {"global": {"flexinfer": {"nats": {"install": True}}}})
+    secret = next(s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-nats-auth")
+    data = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    config = json.loads(data.pop("nats.conf"))
+    users = {u["user"]: u for u in config["authorization"]["users"]}
+    assert sorted(users) == sorted(identity.value for identity in Identity)
+    for name, user in users.items():
+        assert user["password"] == data[name] and len(data[name]) == 40
+        assert user["permissions"] == chart_permissions()[name]
+    assert len(set(data.values())) == len(data)  # a password of its own for each
+
+    statefulset = next(s for s in objects(documents, "StatefulSet") if s["metadata"]["name"] == f"{RELEASE}-nats")
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"][-2:] == ["-c", "/etc/nats/nats.conf"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "auth"]
+    assert volume["secret"]["secretName"] == f"{RELEASE}-nats-auth"
+
+    deployments = {d["metadata"]["name"].removeprefix(f"{RELEASE}-"): d for d in objects(documents, "Deployment")}
+    assert sorted(deployments) == sorted(SERVICES)
+    for service, deployment in deployments.items():
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_NATS_USER"]["value"] == service
+        assert env["FLEXINFER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"{RELEASE}-nats-auth",
+            "key": service,
+        }
+        assert data[service] not in json.dumps(deployment)
+
+
+@pytest.mark.parametrize("chart", list(SERVICES))
+def test_a_service_takes_its_nats_identity_from_a_secret(chart: str) -> None:
+    env = env_of(deployment_container(render(chart_dir(chart))))
+    assert "FLEXINFER_NATS_USER" not in env and "FLEXINFER_NATS_PASSWORD" not in env  # none given, none invented
+    values = {"nats": {"url": "tls://nats.example:4222", "credentialsSecret": f"nats-{chart}", "passwordKey": "pw"}}
+    documents = render(chart_dir(chart), values)
+    for document in documents:
+        validate_kubernetes(document)
+    env = env_of(deployment_container(documents))
+    assert env["FLEXINFER_NATS_USER"]["valueFrom"]["secretKeyRef"] == {"name": f"nats-{chart}", "key": "user"}
+    assert env["FLEXINFER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": f"nats-{chart}", "key": "pw"}
+    assert "FLEXINFER_NATS_TLS_CA" not in env
+
+    values["nats"]["tls"] = {"existingSecret": "nats-tls", "clientCertificate": True}
+    documents = render(chart_dir(chart), values)
+    for document in documents:
+        validate_kubernetes(document)
+    container = deployment_container(documents)
+    env = env_of(container)
+    assert env["FLEXINFER_NATS_TLS_CA"]["value"] == "/etc/flexinfer/nats-tls/ca.crt"
+    assert env["FLEXINFER_NATS_TLS_CERT"]["value"] == "/etc/flexinfer/nats-tls/tls.crt"
+    assert env["FLEXINFER_NATS_TLS_KEY"]["value"] == "/etc/flexinfer/nats-tls/tls.key"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "nats-tls")
+    assert mount == {"name": "nats-tls", "mountPath": "/etc/flexinfer/nats-tls", "readOnly": True}
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "nats-tls")["secret"]["secretName"] == "nats-tls"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer_cli.apply import ApiCall, ManifestFileError, Skipped, plan_apply, read_manifests
+from flexinfer_cli.apply_plan import ApiCall, ManifestFileError, Skipped, plan_apply, read_manifests
 from flexinfer_cli.config import Service
 from flexinfer_common.manifests import load_manifests
 

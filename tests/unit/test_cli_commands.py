@@ -16,8 +16,6 @@ import yaml
 from aiohttp import web
 from typer.testing import CliRunner
 
-from flexinfer_cli.config import ModelRef
-from flexinfer_cli.demand import publish_demand
 from flexinfer_cli.embedded import free_port
 from flexinfer_cli.main import app
 
@@ -32,7 +30,7 @@ def error(status: int, message: str) -> web.Response:
 
 @dataclass
 class FakeAdminApi:
-    """Just enough of CONTRACT section 4 to drive the CLI; records every /api/v1 request."""
+    """Just enough of docs/reference.md section 4 to drive the CLI; records every /api/v1 request."""
 
     token: str | None = None
     requests: list[tuple[str, str, Any]] = field(default_factory=list)
@@ -350,8 +348,8 @@ def test_get_names_one_object_in_every_format(api: FakeAdminApi, tmp_path: Path)
     assert names.stdout.splitlines() == ["model/default/chat-large", "model/default/chat-small", "model/lab/chat-large"]
     wide = runner.invoke(app, ["get", "models", "-n", "lab", "-o", "wide"], env=env_for(api))
     header, row = wide.stdout.splitlines()
-    assert header.split()[7:] == ["PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "MESSAGE"]
-    assert row.split()[7:] == ["<none>", "chat", "vllm", "<none>"]
+    assert header.split()[7:] == ["PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "REQUESTS", "RESTARTS", "MESSAGE"]
+    assert row.split()[7:] == ["<none>", "chat", "vllm", "0", "0", "<none>"]
     bare = runner.invoke(app, ["get", "models", "--no-headers"], env=env_for(api))
     assert [line.split()[0] for line in bare.stdout.splitlines()] == ["chat-large", "chat-small"]
 
@@ -439,6 +437,61 @@ def test_describe_model_shows_spec_status_group_and_swaps(api: FakeAdminApi, tmp
     missing = runner.invoke(app, ["describe", "model", "ghost"], env=env_for(api))
     assert missing.exit_code == 1 and 'model "ghost" not found in namespace default' in missing.stderr
     assert runner.invoke(app, ["describe", "swaps", "x"], env=env_for(api)).exit_code == 2
+
+
+def test_describe_group_shows_the_election_and_why_each_member_holds_or_waits(api: FakeAdminApi) -> None:
+    def member(name: str, priority: int, phase: str, state: str, **more: Any) -> dict[str, Any]:
+        return {"namespace": "default", "name": name, "priority": priority, "phase": phase, "state": state, **more}
+
+    api.groups["homelab-gpu"] = {
+        "name": "homelab-gpu",
+        "policy": "v1alpha2",
+        "scheduling": "seed",
+        "election": {"leader": {"namespace": "default", "name": "chat-large"}, "reason": "cooldown"},
+        "activeModel": {"namespace": "default", "name": "chat-large"},
+        "state": "Serving",
+        "cooldownRemainingSeconds": 95,
+        "models": [
+            member("chat-large", 100, "Ready", "Active", requests={"waiting": 0, "inFlight": 2}),
+            member(
+                "chat-small",
+                100,
+                "Queued",
+                "Queued",
+                queuePosition=1,
+                requests={"waiting": 3, "inFlight": 0},
+                message="waiting: chat-large holds the GPU; swap cooldown ends at 19:05:12",
+            ),
+            member("embed", 10, "Preempted", "Parked", preemptedBy="default/chat-large"),
+        ],
+    }
+    api.swaps = [
+        {"group": "homelab-gpu", "fromModel": "default/embed", "toModel": "default/chat-large", "reason": "demand"},
+        {"group": "other", "fromModel": "x/a", "toModel": "x/b", "reason": "demand"},
+    ]
+    result = runner.invoke(app, ["describe", "group", "homelab-gpu"], env=env_for(api))
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert text.startswith("Name:         homelab-gpu\nPolicy:       v1alpha2\nScheduling:   seed\n")
+    assert "Active Model: default/chat-large\nCooldown:     1m35s left\n" in text
+    assert (
+        "Election:     default/chat-large leads (cooldown: it keeps the GPU until its hold ends (the swap cooldown: "
+        "its load pays for itself))\n"
+    ) in text
+    # per member: priority, phase, state, requests waiting and in flight, queue position
+    assert "NAME                 PRIORITY   PHASE       STATE    WAITING   IN FLIGHT   QUEUE" in text
+    assert "default/chat-small   100        Queued      Queued   3         0           1" in text
+    # and why: the holder's election, a waiting member's own message (what it waits for, until when)
+    assert "Why:\n" in text
+    assert "  default/chat-large   holds the GPU: it keeps the GPU until its hold ends" in text
+    assert "  default/chat-small   waiting: chat-large holds the GPU; swap cooldown ends at 19:05:12\n" in text
+    assert "  default/embed        preempted by default/chat-large\n" in text
+    assert "default/embed   default/chat-large   demand" in text and "x/a" not in text
+
+    same = runner.invoke(app, ["describe", "group/homelab-gpu"], env=env_for(api))
+    assert same.exit_code == 0 and same.stdout == text
+    missing = runner.invoke(app, ["describe", "group", "ghost"], env=env_for(api))
+    assert missing.exit_code == 1 and 'group "ghost" not found' in missing.stderr
 
 
 def test_describe_without_nats_still_describes(api: FakeAdminApi, tmp_path: Path) -> None:
@@ -548,6 +601,28 @@ def test_up_with_a_bad_manifest_starts_nothing(tmp_path: Path) -> None:
     assert not state.exists()
 
 
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        pytest.param(
+            {"FLEXINFER_LIVENESS_FAILURE_THRESHOLD": "0"}, "FLEXINFER_LIVENESS_FAILURE_THRESHOLD", id="threshold"
+        ),
+        pytest.param({"FLEXINFER_LIVENESS_PERIOD": "soon"}, "FLEXINFER_LIVENESS_PERIOD", id="period"),
+        pytest.param(
+            {"FLEXINFER_LIVENESS_PERIOD": "1s", "FLEXINFER_LIVENESS_TIMEOUT": "5s"},
+            "FLEXINFER_LIVENESS_TIMEOUT <= FLEXINFER_LIVENESS_PERIOD",
+            id="timeout-beyond-period",
+        ),
+    ],
+)
+def test_up_with_a_bad_liveness_setting_names_it(tmp_path: Path, env: dict[str, str], named: str) -> None:
+    state = tmp_path / "state"
+    result = runner.invoke(app, ["up", "--state-dir", str(state)], env={**env, "FLEXINFER_DATABASE_URL": ""})
+    assert result.exit_code == 2
+    assert named in result.stderr
+    assert not state.exists()
+
+
 def test_up_with_a_bad_setting_names_the_variable(tmp_path: Path) -> None:
     state = tmp_path / "state"
     result = runner.invoke(
@@ -563,25 +638,3 @@ def test_demand_with_nats_unreachable() -> None:
     result = runner.invoke(app, ["demand", "chat"], env={"FLEXINFER_NATS_URL": f"nats://127.0.0.1:{port}"})
     assert result.exit_code == 1
     assert f"cannot reach NATS at nats://127.0.0.1:{port}" in result.stderr
-
-
-@pytest.mark.integration
-async def test_demand_publishes_a_demand_message_the_scheduler_can_decode(bus: Any) -> None:
-    from flexinfer_common.bus import decode_demand
-    from flexinfer_common.subjects import DEMAND_STREAM
-
-    subject = await publish_demand(bus.url, ModelRef("lab", "chat.v2"), queued=3, source="test")
-    assert subject == "flexinfer.demand.lab.chat_v2"
-    sub = await bus.js.pull_subscribe(subject, durable="cli-test", stream=DEMAND_STREAM)
-    [msg] = await sub.fetch(1, timeout=5)
-    demand = decode_demand(msg.subject, msg.data)
-    assert (demand.namespace, demand.model, demand.queued, demand.source) == ("lab", "chat.v2", 3, "test")
-    assert demand.time is not None
-
-
-@pytest.mark.integration
-async def test_demand_without_the_flexinfer_streams_says_so(clean_nats: str) -> None:
-    from flexinfer_cli.client import CliError
-
-    with pytest.raises(CliError, match=r"no JetStream stream stores flexinfer\.demand\.default\.chat"):
-        await publish_demand(clean_nats, ModelRef("default", "chat"), queued=1, source="test")

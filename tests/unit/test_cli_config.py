@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flexinfer_cli.config import ConfigError, ModelRef, Service, nats_url, parse_model_ref, service_url
@@ -85,3 +87,29 @@ def test_nats_url() -> None:
     assert nats_url(None, {}) == "nats://127.0.0.1:4222"
     assert nats_url(None, {"FLEXINFER_NATS_URL": "nats://n:1"}) == "nats://n:1"
     assert nats_url("nats://flag:2", {"FLEXINFER_NATS_URL": "nats://n:1"}) == "nats://flag:2"
+
+
+def test_the_cli_finds_the_urls_of_a_running_flexinfer_up_in_its_state_folder(tmp_path: Path) -> None:
+    """Issue 24: describe and demand looked for NATS at 127.0.0.1:4222 while `up`'s embedded NATS was elsewhere."""
+    import stat as stat_module
+
+    from flexinfer_cli.config import Service, nats_url, running_endpoints, service_url
+    from flexinfer_cli.local_system import write_endpoints
+
+    state = tmp_path / "state"
+    urls = {service: f"http://127.0.0.1:{40000 + i}" for i, service in enumerate(Service)}
+    path = write_endpoints(state, urls, "nats://127.0.0.1:41222")
+    assert stat_module.S_IMODE(path.stat().st_mode) == 0o600
+    env = {"FLEXINFER_STATE_DIR": str(state)}
+    assert service_url(Service.SCHEDULER, env=env) == urls[Service.SCHEDULER]
+    assert service_url(Service.PROXY, env=env) == urls[Service.PROXY]
+    assert nats_url(env=env) == "nats://127.0.0.1:41222"
+    assert running_endpoints(env)["ui"] == urls[Service.SCHEDULER] + "/ui"
+    # what the user says still wins: a flag, a URL, a port
+    assert service_url(Service.SCHEDULER, env={**env, "FLEXINFER_SCHEDULER_URL": "http://h:1"}) == "http://h:1"
+    assert service_url(Service.SCHEDULER, env={**env, "FLEXINFER_SCHEDULER_PORT": "9"}) == "http://127.0.0.1:9"
+    assert nats_url("nats://x:1", env=env) == "nats://x:1"
+    # no `up` running there: the defaults
+    assert service_url(Service.SCHEDULER, env={"FLEXINFER_STATE_DIR": str(tmp_path / "none")}) == (
+        "http://127.0.0.1:8081"
+    )

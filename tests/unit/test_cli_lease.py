@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from flexinfer_cli import lease as lease_cli
+from flexinfer_cli import gpu_lease as lease_cli
 from flexinfer_cli.client import ApiError, CliError
 from flexinfer_cli.config import Service
-from flexinfer_cli.lease import LeaseUsageError, acquire, exit_code, parse_ttl, run_with_lease
+from flexinfer_cli.gpu_lease import LeaseUsageError, acquire, exit_code, parse_ttl, run_with_lease
 
 BODY = {"group": "gpu", "owner": "trainer", "ttlSeconds": 120}
 

@@ -9,12 +9,20 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from flexinfer_cli.supervisor import EmbeddedWatch, ServiceSpec, Supervisor, describe_exit, next_backoff
+from flexinfer_cli.supervisor import (
+    EmbeddedWatch,
+    Liveness,
+    ServiceSpec,
+    Supervisor,
+    describe_exit,
+    next_backoff,
+    probe_counts,
+)
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.parametrize(
@@ -57,14 +65,6 @@ def test_describe_exit(code: int | None, text: str) -> None:
 
 def python(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", textwrap.dedent(code))
-
-
-async def wait_for(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -258,3 +258,120 @@ async def test_embedded_watch_restarts_a_dead_server_with_back_off_and_logs_it(
     messages = [r.getMessage() for r in caplog.records]
     assert any("embedded NATS exited unexpectedly" in m for m in messages)
     assert any("cannot restart embedded NATS: address in use" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("answered", "answered_since_start", "since_start", "counts"),
+    [
+        pytest.param(True, False, 0.0, False, id="an-answer-never-counts"),
+        pytest.param(False, True, 0.0, True, id="silent-after-answering-counts"),
+        pytest.param(False, False, 5.0, False, id="silent-while-starting-does-not-count"),
+        pytest.param(False, False, 30.0, True, id="silent-past-the-initial-delay-counts"),
+    ],
+)
+def test_which_failed_probes_count(
+    answered: bool, answered_since_start: bool, since_start: float, counts: bool
+) -> None:
+    assert (
+        probe_counts(
+            answered=answered, answered_since_start=answered_since_start, since_start=since_start, initial_delay=30.0
+        )
+        is counts
+    )
+
+
+def test_liveness_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="failure_threshold"):
+        Liveness(failure_threshold=0)
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): state T in /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+    except OSError:
+        return False
+
+
+class FakeHealth:
+    """A stand-in for ``GET /healthz``: a process answers unless it is stopped (as a SIGSTOPped server would not)."""
+
+    def __init__(self) -> None:
+        self.supervisor: Supervisor | None = None
+        self.calls = 0
+
+    async def __call__(self, url: str, seconds: float) -> bool:
+        assert url == "http://127.0.0.1:1/healthz" and seconds == 0.05
+        self.calls += 1
+        assert self.supervisor is not None
+        pid = self.supervisor.pid("hangs")
+        return pid is not None and not stopped(pid)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process state from /proc")
+async def test_liveness_replaces_a_service_that_stops_answering(caplog: pytest.LogCaptureFixture) -> None:
+    health = FakeHealth()
+    supervisor = Supervisor(
+        [ServiceSpec("hangs", python("import time; time.sleep(60)"), health_url="http://127.0.0.1:1/healthz")],
+        initial_backoff=0.05,
+        liveness=Liveness(period=0.02, timeout=0.05, failure_threshold=3, initial_delay=10.0),
+        probe=health,
+    )
+    health.supervisor = supervisor
+    await supervisor.start()
+    try:
+        first = supervisor.pid("hangs")
+        assert first is not None
+        await wait_for(lambda: health.calls >= 5)
+        assert supervisor.liveness_kills("hangs") == 0  # it answers: left alone
+        os.kill(first, signal.SIGSTOP)
+        await wait_for(lambda: supervisor.pid("hangs") not in (None, first))
+        assert not alive(first)  # killed, not left behind stopped
+        assert supervisor.liveness_kills("hangs") == 1
+        [restart] = supervisor.restarts
+        assert restart.returncode == -signal.SIGKILL
+        assert "did not answer GET http://127.0.0.1:1/healthz 3 times in a row" in caplog.text
+        assert "killed by SIGKILL, its liveness probe failed" in caplog.text
+        # the new process answers: it stays
+        calls = health.calls
+        await wait_for(lambda: health.calls >= calls + 10)
+        assert supervisor.liveness_kills("hangs") == 1
+    finally:
+        await supervisor.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_a_service_that_never_answered_gets_the_initial_delay() -> None:
+    calls: list[str] = []
+
+    async def silent(url: str, seconds: float) -> bool:
+        calls.append(url)
+        return False
+
+    supervisor = Supervisor(
+        [ServiceSpec("slow", python("import time; time.sleep(60)"), health_url="http://127.0.0.1:1/healthz")],
+        liveness=Liveness(period=0.02, timeout=0.02, failure_threshold=2, initial_delay=0.5),
+        probe=silent,
+    )
+    await supervisor.start()
+    try:
+        first = supervisor.pid("slow")
+        await wait_for(lambda: len(calls) >= 5)
+        assert supervisor.pid("slow") == first  # still starting: failures do not count yet
+        await wait_for(lambda: supervisor.liveness_kills("slow") == 1)  # past 0.5 s they do
+    finally:
+        await supervisor.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_stop_does_not_wait_out_the_timeout_for_a_stopped_service() -> None:
+    supervisor = Supervisor([ServiceSpec("frozen", python("import time; time.sleep(60)"))], stop_timeout=10.0)
+    await supervisor.start()
+    pid = supervisor.pid("frozen")
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    await supervisor.stop()
+    assert time.monotonic() - started < 3.0  # SIGTERM reached it: it was continued too
+    assert not alive(pid)

@@ -1,4 +1,4 @@
-"""``flexinfer get`` tables: columns from the admin API's JSON (CONTRACT section 4), kubectl-style layout."""
+"""``flexinfer get`` tables: columns from the admin API's JSON (docs/reference.md section 4), kubectl-style layout."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from flexinfer_cli.tables import (
     UnexpectedAnswer,
     format_seconds,
     group_row,
+    group_wide,
     items_of,
     lease_row,
     model_row,
@@ -22,6 +23,7 @@ from flexinfer_cli.tables import (
     select,
     swap_row,
     table_headers,
+    table_row,
 )
 from flexinfer_common.admin_api import Group, Lease, QueueInfo, Swap
 from flexinfer_common.manifests import Model
@@ -113,6 +115,25 @@ def test_group_row(item: dict[str, Any], expected: list[str]) -> None:
     assert group_row(Group.model_validate(item)) == expected
 
 
+def test_group_wide_shows_the_resident_models_and_each_devices_memory() -> None:
+    gib = 1 << 30
+    item = {
+        "name": "card",
+        "policy": "v1alpha2",
+        "state": "Serving",
+        "models": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
+        "capacity": {"devices": 1, "memoryPerDevice": 24 * gib},
+        "devices": [{"index": 0, "usedBytes": 11 * gib, "freeBytes": 13 * gib, "models": []}],
+        "residentModels": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
+    }
+    row = group_wide(Group.model_validate(item))
+    assert row[-2:] == ["default/chat,default/code", "0:11.0Gi/24.0Gi"]
+    assert group_wide(Group.model_validate({**item, "devices": None, "residentModels": None}))[-2:] == [
+        "<none>",
+        "<none>",
+    ]
+
+
 def test_lease_row() -> None:
     lease = {
         "name": "qwen3-1p7b-lora-gpu-lease",
@@ -167,6 +188,8 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
                 "startedAt": "2026-01-01T00:00:00Z",
                 "finishedAt": "2026-01-01T00:00:04.500Z",
                 "phases": {"draining": 0.2, "parking": 1.3, "loading": 3.0},
+                "phase": "ready",
+                "outcome": "ready",
             },
             [
                 "homelab-gpu",
@@ -176,6 +199,7 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
                 "2026-01-01T00:00:00Z",
                 "4.5s",
                 "draining=200ms,parking=1.3s,loading=3s",
+                "ready",
             ],
             id="finished-swap",
         ),
@@ -189,7 +213,7 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
                 "finishedAt": None,
                 "phases": {},
             },
-            ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00Z", "running", "<none>"],
+            ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00Z", "running", "<none>", "running"],
             id="running-initial-swap",
         ),
     ],
@@ -233,6 +257,8 @@ def test_render_kind_models_header_and_empty() -> None:
         "PREEMPTED_BY",
         "SERVICE_LABELS",
         "BACKEND",
+        "REQUESTS",
+        "RESTARTS",
         "MESSAGE",
     ]
     assert render_kind(Kind.MODELS, {"items": []}) is None
@@ -281,3 +307,58 @@ def test_parse_kind(text: str, kind: Kind) -> None:
 def test_parse_kind_unknown_lists_the_choices() -> None:
     with pytest.raises(ValueError, match="models, groups, leases, queues, swaps"):
         parse_kind("pods")
+
+
+def test_a_failed_swap_says_failed_and_why_on_one_line() -> None:
+    """Issue 24: `get swaps` showed a swap whose model never loaded like one that served."""
+    item = Swap.model_validate(
+        {
+            "group": "g",
+            "fromModel": "default/a",
+            "toModel": "default/b",
+            "reason": "demand",
+            "startedAt": "2026-01-01T00:00:00Z",
+            "finishedAt": "2026-01-01T00:00:09Z",
+            "phase": "failed",
+            "outcome": "failed",
+            "message": "default/b failed to load: killed by signal 4\nlast log lines:\n  Illegal instruction",
+        }
+    )
+    assert swap_row(item)[-1] == "failed"
+    assert render_kind(Kind.SWAPS, {"items": [item.model_dump(by_alias=True, mode="json")]}, wide=True).count("\n") == 1
+    assert "killed by signal 4 last log lines: Illegal instruction" in render_kind(
+        Kind.SWAPS, {"items": [item.model_dump(by_alias=True, mode="json")]}, wide=True
+    )
+
+
+def test_a_multi_line_message_stays_on_one_line_in_get_models_wide_with_restarts() -> None:
+    model = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {"gpu": {"shared": "g"}},
+        "status": {"phase": "Loading", "restarts": 3, "message": "crashed: killed by signal 9\nline 2\nline 3"},
+    }
+    table = render_kind(Kind.MODELS, {"items": [model]}, wide=True)
+    assert table is not None
+    header, row = table.splitlines()
+    assert header.split()[-3:] == ["REQUESTS", "RESTARTS", "MESSAGE"]
+    assert "3" in row.split() and row.endswith("crashed: killed by signal 9 line 2 line 3")
+
+
+def test_get_models_wide_shows_the_requests_waiting_beside_each_model() -> None:
+    """Issue 24: QUEUE is the election's queue position; REQUESTS is how many requests wait at the proxy."""
+    model = Model.model_validate(
+        {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "Model",
+            "metadata": {"name": "chat", "namespace": "default"},
+            "spec": {"gpu": {"shared": "g"}},
+            "status": {"phase": "Loading", "sharedGroup": {"state": "Active", "queuePosition": 0}},
+        }
+    )
+    headers = table_headers(Kind.MODELS, wide=True, all_namespaces=False)
+    row = table_row(Kind.MODELS, model, wide=True, all_namespaces=False, waiting={("default", "chat"): 7})
+    assert row[headers.index("REQUESTS")] == "7" and row[headers.index("QUEUE")] == "0"
+    unread = table_row(Kind.MODELS, model, wide=True, all_namespaces=False, waiting=None)
+    assert unread[headers.index("REQUESTS")] == "<none>"

@@ -10,13 +10,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from flexinfer_cli.describing import Event, Events, events_section, title
-from flexinfer_cli.events import event_line, recent_events
+from flexinfer_cli.descriptions import Event, Events, events_section, title
+from flexinfer_cli.events import event_line
 from flexinfer_cli.main import app
 from flexinfer_cli.watching import Snapshot, changes, watch
 from flexinfer_common import subjects
@@ -134,29 +133,11 @@ def test_event_line_keeps_only_this_models_events() -> None:
     assert event_line(subject, b"not json", model="default/b") is None
 
 
-async def test_recent_events_come_from_the_events_stream(bus: Any) -> None:
-    now = datetime.now(UTC)
-    subject = subjects.event_subject("swap", "homelab-gpu")
-    for kind, phase in (("swap.started", SwapPhase.DRAINING), ("swap.finished", SwapPhase.READY)):
-        event = swap_event(kind, "default/a", "default/b", phase, now)
-        await bus.publish(subject, event, msg_id=f"test-{kind}")
-    await bus.publish(
-        subjects.event_subject("swap", "other-gpu"),
-        swap_event("swap.started", "default/a", "default/b", SwapPhase.DRAINING, now),
-        msg_id="test-other-group",
-    )
-    found = await recent_events(bus.url, group="homelab-gpu", model="default/b", now=now, since=timedelta(hours=1))
-    assert found.unavailable is None
-    assert [e.kind for e in found.items] == ["swap.started", "swap.finished"]
-    nobody = await recent_events(bus.url, group="homelab-gpu", model="default/z", now=now, since=timedelta(hours=1))
-    assert nobody.items == ()
-
-
 @pytest.mark.parametrize(
     ("words", "expected"),
     [
         pytest.param(["get", "mo"], ["model", "models"], id="kinds"),
-        pytest.param(["describe", ""], ["model"], id="describe-kinds"),
+        pytest.param(["describe", ""], ["model", "group"], id="describe-kinds"),
         pytest.param(["get", "models", "chat-s"], ["chat-small"], id="model-names"),
         pytest.param(["promote", "chat-"], ["chat-large", "chat-small"], id="promote-names"),
         pytest.param(["get", "models", "-n", "lab", ""], [], id="names-in-another-namespace"),

@@ -8,12 +8,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import RuntimePhase, ScaleAction, SwapPhase, SwapReason
-from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, choose_shared_group_leader
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap
+from flexinfer_common.enums import RuntimePhase, ScaleAction, SchedulingPolicy, SwapPhase, SwapReason
+from flexinfer_common.keys import ModelKey
+from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, choose_shared_group_leader, elect
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, Swap
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-PARAMS = ElectionParams()
+#: ``choose_shared_group_leader`` with FlexInfer's old refinements on (bounded wait at the demand window,
+#: idle-aware fallback); ``SEED``: the seed's exact rules, what FLEXINFER_SCHEDULING_POLICY=seed runs
+PARAMS = ElectionParams(policy=SchedulingPolicy.SEED)
+SEED = PARAMS.seed()
 
 
 def ago(**kw: float) -> datetime:
@@ -293,9 +297,9 @@ CASES = [
 
 BUSY = ago(seconds=5)  # the loaded model answered a request 5 s ago: busy, never idle
 
-# FlexInfer's bounded wait (CONTRACT sections 1 and 6): a demanded model of priority >= the busy leader's gets the
-# GPU once it has waited spec.gpu.maxWait (default: the demand window, 2 min); lower priority never preempts; the
-# swap cooldown (stage 1) still holds the active model; within the bound the loaded model keeps serving.
+# FlexInfer's bounded wait (docs/reference.md sections 1 and 6): a demanded model of priority >= the busy leader's
+# gets the GPU once it has waited spec.gpu.maxWait (default: the demand window, 2 min); lower priority never
+# preempts; the swap cooldown (stage 1) still holds the active model; within the bound the loaded model keeps serving.
 BOUNDED_WAIT = [
     pytest.param(
         group(
@@ -623,3 +627,12 @@ def test_without_the_quiet_yield_lower_priority_never_takes_a_quiet_leaders_gpu(
     )
     election = choose_shared_group_leader(snapshot, NOW, params)
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)
+
+
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+def test_the_seed_policy_runs_every_seed_rule(
+    snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason
+) -> None:
+    """FLEXINFER_SCHEDULING_POLICY=seed (or a group's ``spec.scheduling: seed``) runs exactly these rows."""
+    election = elect(snapshot, NOW, ElectionParams(policy=SchedulingPolicy.SEED))
+    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube.builders import crd
-from tests.support.kube.errors import ApiError, Reason
-from tests.support.kube.patching import json_patch, merge_patch, strategic_merge_patch
-from tests.support.kube.resources import types_from_crd
-from tests.support.kube.schema import apply_defaults, prune, validate
-from tests.support.kube.selectors import parse_field_selector, parse_label_selector
-from tests.support.kube.store import EventType, FieldValidation, PatchType, Store
+from flexinfer_testbed.kube.builders import crd
+from flexinfer_testbed.kube.errors import ApiError, Reason
+from flexinfer_testbed.kube.patching import json_patch, merge_patch, strategic_merge_patch
+from flexinfer_testbed.kube.resources import types_from_crd
+from flexinfer_testbed.kube.schema import apply_defaults, prune, validate
+from flexinfer_testbed.kube.selectors import parse_field_selector, parse_label_selector
+from flexinfer_testbed.kube.store import EventType, FieldValidation, PatchType, Store
 
 LABELS = {"app": "chat", "tier": "gpu", "env": "prod"}
 

@@ -15,17 +15,19 @@ from flexinfer_common.enums import LeasePhase
 from flexinfer_common.messages import LeaseRef
 from flexinfer_common.notes import EventType
 from flexinfer_common.settings import SettingsError, load_settings
-from flexinfer_lease_manager.domain.kubernetes import (
+from flexinfer_lease_manager.domain.carriers import (
     ADMITTED_ANNOTATION,
     JOB_GROUP_LABEL,
     JOB_TTL_ANNOTATION,
     LEGACY_LABEL,
+    carrier_wants,
+)
+from flexinfer_lease_manager.domain.gpulease_plan import (
     MANAGED_BY_LABEL,
     MANAGER,
     SOURCE_LABEL,
     KubePlan,
     KubeWorld,
-    carrier_wants,
     plan_kubernetes,
 )
 from flexinfer_lease_manager.domain.leases import (

@@ -25,17 +25,26 @@ import yaml
 from prometheus_client import REGISTRY
 
 from flexinfer_common.durations import parse_duration
-from flexinfer_scheduler.metrics import GroupGauges, GroupView
+from flexinfer_common.keys import ModelKey
+from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member
+from flexinfer_scheduler.domain.plan import plan_group
+from flexinfer_scheduler.metrics import GroupGauges, GroupView, group_view
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "charts" / "flexinfer" / "files"
 
-SHARED = {"flexinfer_bad_messages": ("counter", ("subject",))}
+SHARED = {
+    "flexinfer_bad_messages": ("counter", ("subject",)),
+    "flexinfer_unpublishable_messages": ("counter", ()),
+}
 # Family name -> (type, labels), per service: exactly what its process registers.
 EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "flexinfer_proxy": {
         **SHARED,
         "flexinfer_proxy_queue_depth": ("gauge", ("namespace", "model")),
+        "flexinfer_proxy_open_connections": ("gauge", ()),
+        "flexinfer_proxy_shed": ("counter", ("reason",)),
         "flexinfer_proxy_queue_wait_seconds": ("histogram", ()),
         "flexinfer_proxy_requests": ("counter", ("namespace", "model", "code")),
         "flexinfer_proxy_cold_starts": ("counter", ("namespace", "model")),
@@ -45,9 +54,11 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "flexinfer_scheduler": {
         **SHARED,
         "flexinfer_swaps": ("counter", ("group", "from_model", "to_model", "reason")),
+        "flexinfer_model_restarts": ("counter", ("namespace", "model")),
         "flexinfer_swap_duration_seconds": ("histogram", ("group", "phase")),
         "flexinfer_election_duration_seconds": ("histogram", ()),
         "flexinfer_group_active_model": ("gauge", ("group", "model")),
+        "flexinfer_group_memory_bytes": ("gauge", ("group", "device", "state")),
         "flexinfer_group_swap_started_timestamp_seconds": ("gauge", ("group",)),
         "flexinfer_lease_read_errors": ("counter", ()),
         "flexinfer_scheduler_leader": ("gauge", ()),
@@ -307,3 +318,23 @@ def test_dashboard_queries_parse_and_name_only_exported_metrics(dashboard: dict[
             label = variable["definition"].split(",")[1].strip(" )")
             assert label in sample_names()[metric], variable["name"]
     assert not problems, "\n".join(problems)
+
+
+def test_group_memory_gauges_follow_the_resident_set_and_go_with_the_group() -> None:
+    def memory(device: str, state: str) -> float | None:
+        labels = {"group": "g-mem", "device": device, "state": state}
+        return REGISTRY.get_sample_value("flexinfer_group_memory_bytes", labels)
+
+    gib = 1 << 30
+    members = tuple(
+        Member(ModelKey("default", n), memory=size * gib, queued=1, last_active_time=T0)
+        for n, size in (("a", 6), ("b", 5))
+    )
+    snapshot = GroupSnapshot("g-mem", members, capacity=Capacity(devices=1, memory_per_device=24 * gib))
+    plan = plan_group(snapshot, T0, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id="s")
+    gauges = GroupGauges()
+    gauges.show("g-mem", group_view(snapshot, plan))
+    assert (memory("0", "used"), memory("0", "free")) == (11 * gib, 13 * gib)
+    assert (active("g-mem", "a"), active("g-mem", "b")) == (1, 1)  # both resident
+    gauges.retain(())
+    assert memory("0", "used") is None

@@ -154,3 +154,17 @@ def test_everything_a_service_imports_is_in_its_image(service: str) -> None:
         if not owners & installed:
             missing[module] = sorted(owners)
     assert not missing, f"{service} imports modules its image would not have: {missing}"
+
+
+def test_benches_and_tools_depend_on_no_test_module() -> None:
+    """bench/ and scripts/ (make bench, make verify) import the test bed (flexinfer_testbed), never tests.*."""
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in sorted([*root.glob("bench/*.py"), *root.glob("scripts/*.py"), *root.glob("tools/*/src/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert offenders == []

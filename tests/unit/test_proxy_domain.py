@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Route
 from flexinfer_proxy.domain.admission import (
     Admission,
@@ -21,7 +22,7 @@ from flexinfer_proxy.domain.admission import (
     queue_action,
     timeout_answer,
 )
-from flexinfer_proxy.domain.demand import (
+from flexinfer_proxy.domain.demand_reports import (
     DemandReport,
     activity_due,
     demand_check_in,
@@ -29,7 +30,7 @@ from flexinfer_proxy.domain.demand import (
     demand_settled,
 )
 from flexinfer_proxy.domain.errors import ErrorCode, ProxyError
-from flexinfer_proxy.domain.queue import WaitQueue
+from flexinfer_proxy.domain.fifo import WaitQueue
 from flexinfer_proxy.domain.requests import (
     ApiKeys,
     Endpoint,
@@ -40,7 +41,7 @@ from flexinfer_proxy.domain.requests import (
     relayed_head,
     retry_safe,
 )
-from flexinfer_proxy.domain.routes import ModelKey, ResolvedBy, RouteTable
+from flexinfer_proxy.domain.routes import ResolvedBy, RouteTable
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -367,6 +368,9 @@ def test_model_of(body: bytes, model: str) -> None:
         pytest.param(b'{"messages": []}', id="no-model"),
         pytest.param(b'{"model": 3}', id="model-not-a-string"),
         pytest.param(b'{"model": "  "}', id="model-blank"),
+        pytest.param(b"[" * 3000, id="nested-arrays-3000-deep"),
+        pytest.param(b'{"model": "m", "x": ' + b'{"a": ' * 5000, id="nested-objects-5000-deep"),
+        pytest.param(b" " + b"[" * 100_000, id="nested-past-the-fast-scanner"),
     ],
 )
 def test_model_of_rejects(body: bytes) -> None:

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from pydantic import BaseModel
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import InFlightReport
 from flexinfer_proxy.adapters.in_flight import InFlightReporter
-from flexinfer_proxy.domain.routes import ModelKey
 
 A, B = ModelKey("default", "a"), ModelKey("ml", "b")
 

@@ -10,10 +10,11 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Demand, Route
-from flexinfer_proxy.adapters.demand import DemandSignaller
+from flexinfer_proxy.adapters.demand_publisher import DemandSignaller
 from flexinfer_proxy.domain.errors import ErrorCode, ProxyError, shutting_down
-from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.domain.routes import RouteTable
 from flexinfer_proxy.queues import ModelQueues
 
 KEY = ModelKey("default", "m")
@@ -109,6 +110,7 @@ async def test_queued_request_signals_demand_at_once_then_zero_when_served(rig: 
     subject, demand = rig.publisher.sent[0]
     assert subject == "flexinfer.demand.default.m"
     assert (demand.model, demand.namespace, demand.source) == ("m", "default", "proxy-test")
+    assert demand.valid_for == 35  # three of its 10 s refreshes and a margin: the scheduler keeps the count that long
     assert rig.queues.snapshot()[0].queued == 1
 
     rig.set_route(route(ready=True))

@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Route
 from flexinfer_proxy.domain.admission import MAX_REQUEUES, ConnectFailure, after_connect_failure
-from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.domain.routes import RouteTable
 
 KEY = ModelKey("default", "m1")
 

@@ -8,7 +8,7 @@ from time import monotonic
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
-from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_common.keys import ModelKey
 from flexinfer_proxy.metrics import REQUEST_BUCKETS
 from flexinfer_proxy.tally import RequestTally, Timings
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from flexinfer_common.enums import GroupPolicy, ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase
+from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import (
     ElectionParams,
     ElectionReason,
@@ -28,13 +29,13 @@ from flexinfer_scheduler.domain.election import (
     determine_active_model,
     group_cooldown,
     rank,
+    seed_cooldown_remaining,
 )
 from flexinfer_scheduler.domain.model import (
     RUNTIME_UNKNOWN,
     GroupSnapshot,
     Lease,
     Member,
-    ModelKey,
     Swap,
     V1Alpha1Policy,
     lease_is_active,
@@ -734,7 +735,9 @@ def test_cooldown_is_the_maximum_over_members(
     election = choose_shared_group_leader(snapshot, START, params)
     holds = timedelta(seconds=preempted_ago) < window
     assert (election.reason == ElectionReason.COOLDOWN) == holds
-    assert cooldown_remaining(snapshot, START, params) == max(timedelta(0), window - timedelta(seconds=preempted_ago))
+    remaining = max(timedelta(0), window - timedelta(seconds=preempted_ago))
+    assert seed_cooldown_remaining(snapshot, START, params) == remaining
+    assert cooldown_remaining(snapshot, START, params.seed()) == remaining
 
 
 # ---- regressions the state machine found ----------------------------------------------------------------------
@@ -746,7 +749,8 @@ def test_actuator_restart_reissues_every_command_and_keeps_the_leader() -> None:
     """After ``Store.forget_runtime`` every runtime is "Unknown" but its generation still matches the command: the
     planner must re-send the commands at once (they used to count as confirmed, and nothing ran again), and the
     leader must keep the GPU slot (a lower-priority demand used to take it while the leader was unknown)."""
-    sim = Sim(GroupSnapshot("gpu", (member("a", priority=100), member("b", priority=50))))
+    # (the seed's election: under FlexInfer's, a quiet holder yields to b, restart or not)
+    sim = Sim(GroupSnapshot("gpu", (member("a", priority=100), member("b", priority=50))), params=PARAMS.seed())
     assert sim.drive(A, until=sim.now + timedelta(minutes=1))
     sim.round()
     sim.advance(timedelta(minutes=3))

@@ -1,5 +1,5 @@
 """The v1alpha1 ``GPUGroup`` election (``determine_active_model``), one row per rule of the seed ("Timing constants",
-"Priority semantics" for v1alpha1) and CONTRACT section 6: hysteresis 10 s (a delay: a challenger's demand must
+"Priority semantics" for v1alpha1) and docs/reference.md section 6: hysteresis 10 s (a delay: a challenger's demand must
 persist that long before it takes the GPU, as in the seed's ``determineActiveModel``), request queue threshold 3,
 minimum run duration 30 s (the v1alpha1 swap cooldown), cooldown after preemption 60 s, idle timeout 300 s, demanded
 models sorted by priority descending, a GPU lease beats everything, forcePromotion beats the rest.
@@ -15,8 +15,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction
+from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, determine_active_model, elect
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, V1Alpha1Policy
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import plan_group
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -1,5 +1,5 @@
-"""Secure defaults (CONTRACT sections 4 and 8): loopback binding, the admin token rule, the local-command allow-list,
-the one error shape, secrets kept out of logs, and the admin token `flexinfer up` generates."""
+"""Secure defaults (docs/reference.md sections 4 and 8): loopback binding, the admin token rule, the local-command
+allow-list, the one error shape, secrets kept out of logs, and the admin token `flexinfer up` generates."""
 
 from __future__ import annotations
 
@@ -15,12 +15,20 @@ import pytest
 from fastapi import FastAPI
 
 from flexinfer_cli.config import admin_token
-from flexinfer_cli.up import ensure_admin_token
-from flexinfer_common.errors import ApiError, install_error_handlers
-from flexinfer_common.local_commands import CommandRule, check_local_command
+from flexinfer_cli.local_system import ensure_admin_token
+from flexinfer_common.errors import ApiError
+from flexinfer_common.local_commands import (
+    DEFAULT_LOCAL_ENV,
+    CommandRule,
+    allowed_commands,
+    check_local_command,
+    check_local_env,
+    check_local_process,
+    invalid_env_entries,
+)
 from flexinfer_common.logs import REDACTED, JsonFormatter
 from flexinfer_common.messages import message_id
-from flexinfer_common.service import admin_app, admin_router
+from flexinfer_common.service import admin_app, admin_router, install_error_handlers
 from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS, CommonSettings, SettingsError, load_settings
 
 
@@ -102,24 +110,111 @@ ALLOWED = ("vllm", "flexinfer-fake-model", "/opt/llama/llama-server")
         pytest.param(["/tmp/vllm"], {}, CommandRule.NOT_ALLOWED, id="listed-name-elsewhere-refused"),
         pytest.param(["llama-server"], {}, CommandRule.NOT_ALLOWED, id="base-name-of-a-path-entry-refused"),
         pytest.param(["./vllm"], {}, CommandRule.RELATIVE_PATH, id="relative-path-refused"),
-        pytest.param(["vllm"], {"PATH": "/tmp/evil"}, CommandRule.ENV_NOT_ALLOWED, id="env-path-refused"),
-        pytest.param(["vllm"], {"LD_PRELOAD": "/x.so"}, CommandRule.ENV_NOT_ALLOWED, id="env-ld-preload-refused"),
-        pytest.param(["vllm"], {"pythonpath": "/x"}, CommandRule.ENV_NOT_ALLOWED, id="env-any-case-refused"),
+        pytest.param(["vllm"], {"PATH": "/tmp/evil"}, CommandRule.ENV_CODE_LOADING, id="env-path-refused"),
+        pytest.param(["vllm"], {"LD_PRELOAD": "/x.so"}, CommandRule.ENV_CODE_LOADING, id="env-ld-preload-refused"),
+        pytest.param(["vllm"], {"pythonpath": "/x"}, CommandRule.ENV_CODE_LOADING, id="env-any-case-refused"),
         pytest.param(["vllm"], {"CUDA_VISIBLE_DEVICES": "0"}, CommandRule.ALLOWED, id="ordinary-env-allowed"),
+        pytest.param([], {"MY_KNOB": "1"}, CommandRule.ENV_NOT_ALLOWED, id="env-judged-without-a-command-too"),
+        pytest.param(["sh"], {"MY_KNOB": "1"}, CommandRule.NOT_ALLOWED, id="command-judged-first"),
     ],
 )
 def test_local_command_rule(command: list[str], env: dict[str, str], rule: CommandRule) -> None:
-    verdict = check_local_command(command, env, allowed=ALLOWED)
+    verdict = check_local_process(command, env, allowed=ALLOWED, allowed_env=DEFAULT_LOCAL_ENV)
     assert verdict.rule is rule
     assert verdict.allowed is (rule in (CommandRule.ALLOWED, CommandRule.NO_COMMAND))
     if not verdict.allowed:
-        assert "FLEXINFER_LOCAL_COMMANDS" in verdict.message
+        setting = "FLEXINFER_LOCAL_ENV" if rule.value.startswith("env-") else "FLEXINFER_LOCAL_COMMANDS"
+        assert setting in verdict.message
+
+
+# The env rule: an allow-list, because the deny-list it replaces let PYTHONPYCACHEPREFIX through (issue 22).
+@pytest.mark.parametrize(
+    ("env", "allowed", "rule", "named"),
+    [
+        pytest.param({"CUDA_VISIBLE_DEVICES": "0"}, DEFAULT_LOCAL_ENV, CommandRule.ALLOWED, "", id="listed-name"),
+        pytest.param({"LLAMA_ARG_CTX_SIZE": "4096"}, DEFAULT_LOCAL_ENV, CommandRule.ALLOWED, "", id="prefix-entry"),
+        pytest.param({"FAKE_MODEL_TOKEN_DELAY": "0"}, DEFAULT_LOCAL_ENV, CommandRule.ALLOWED, "", id="fake-model-knob"),
+        pytest.param({"PYTHONUNBUFFERED": "1"}, DEFAULT_LOCAL_ENV, CommandRule.ALLOWED, "", id="harmless-python-knob"),
+        pytest.param({}, (), CommandRule.ALLOWED, "", id="nothing-set-nothing-needed"),
+        pytest.param(
+            {"PYTHONPYCACHEPREFIX": "/tmp/x"},
+            DEFAULT_LOCAL_ENV,
+            CommandRule.ENV_CODE_LOADING,
+            "PYTHONPYCACHEPREFIX",
+            id="pycache-prefix-refused",
+        ),
+        pytest.param(
+            {"PYTHONPLATLIBDIR": "x"}, DEFAULT_LOCAL_ENV, CommandRule.ENV_CODE_LOADING, "PYTHONPLATLIBDIR", id="platlib"
+        ),
+        pytest.param(
+            {"PYTHONWARNINGS": "x"}, DEFAULT_LOCAL_ENV, CommandRule.ENV_CODE_LOADING, "PYTHONWARNINGS", id="warnings"
+        ),
+        pytest.param(
+            {"PYTHONPATH": "/x"},
+            ("PYTHONPATH",),
+            CommandRule.ENV_CODE_LOADING,
+            "PYTHONPATH",
+            id="listed-but-loads-code",
+        ),
+        pytest.param({"MY_KNOB": "1"}, DEFAULT_LOCAL_ENV, CommandRule.ENV_NOT_ALLOWED, "MY_KNOB", id="unlisted-name"),
+        pytest.param({"MY_KNOB": "1"}, ("MY_KNOB",), CommandRule.ALLOWED, "", id="operator-lists-it"),
+        pytest.param(
+            {"cuda_visible_devices": "0"}, DEFAULT_LOCAL_ENV, CommandRule.ENV_NOT_ALLOWED, "cuda", id="case-matters"
+        ),
+        pytest.param(
+            {"LLAMA_ARGX": "1"}, DEFAULT_LOCAL_ENV, CommandRule.ENV_NOT_ALLOWED, "LLAMA_ARGX", id="prefix-is-a-prefix"
+        ),
+        pytest.param(
+            {"FLEXINFER_ADMIN_TOKEN": "x"},
+            ("FLEXINFER_ADMIN_TOKEN",),
+            CommandRule.ENV_NOT_ALLOWED,
+            "FLEXINFER_ADMIN_TOKEN",
+            id="own-settings-never",
+        ),
+    ],
+)
+def test_local_env_rule(env: dict[str, str], allowed: tuple[str, ...], rule: CommandRule, named: str) -> None:
+    verdict = check_local_env(env, allowed=allowed)
+    assert verdict.rule is rule
+    if named:
+        assert named in verdict.message and "spec.local.env" in verdict.message
+        assert "FLEXINFER_LOCAL_ENV" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("entry", "valid"),
+    [
+        pytest.param("MY_KNOB", True, id="name"),
+        pytest.param("VLLM_*", True, id="prefix"),
+        pytest.param("*", False, id="everything"),
+        pytest.param("PY*", False, id="covers-pythonpath"),
+        pytest.param("LD_*", False, id="covers-ld-preload"),
+        pytest.param("PATH", False, id="loads-code"),
+        pytest.param("FLEX*", False, id="covers-own-settings"),
+        pytest.param("A B", False, id="not-a-name"),
+    ],
+)
+def test_local_env_setting_entries(monkeypatch: pytest.MonkeyPatch, entry: str, valid: bool) -> None:
+    assert (invalid_env_entries([entry]) == []) is valid
+    monkeypatch.setenv("FLEXINFER_LOCAL_ENV", f"HF_HOME,{entry}")
+    if valid:
+        assert load_settings(CommonSettings).local_env == ("HF_HOME", entry)
+    else:
+        with pytest.raises(SettingsError, match="FLEXINFER_LOCAL_ENV"):
+            load_settings(CommonSettings)
+
+
+def test_an_engine_named_in_settings_is_allowed_but_never_an_interpreter() -> None:
+    engines = {"llama-cpp": "/opt/llama/llama-server", "sglang": "/opt/venv/bin/python3"}
+    allowed = allowed_commands(DEFAULT_LOCAL_COMMANDS, engines)
+    assert check_local_command(["/opt/llama/llama-server", "-m", "x"], allowed=allowed).allowed
+    assert not check_local_command(["/opt/venv/bin/python3", "-c", "print(1)"], allowed=allowed).allowed
 
 
 def test_the_default_allow_list_has_no_shell_or_interpreter() -> None:
     for executable in ("sh", "bash", "python", "python3", "env", "perl", "node"):
-        assert not check_local_command([executable], {}, allowed=DEFAULT_LOCAL_COMMANDS).allowed
-    assert check_local_command(["flexinfer-fake-model"], {}, allowed=DEFAULT_LOCAL_COMMANDS).allowed
+        assert not check_local_command([executable], allowed=DEFAULT_LOCAL_COMMANDS).allowed
+    assert check_local_command(["flexinfer-fake-model"], allowed=DEFAULT_LOCAL_COMMANDS).allowed
 
 
 # -- one error shape --------------------------------------------------------------------------------------
@@ -218,7 +313,7 @@ async def test_openapi_documents_the_bearer_scheme_and_the_error_shape() -> None
 
 def test_one_install_error_handlers_for_every_service() -> None:
     # the services build their apps through admin_app, so they all get this formatter
-    assert install_error_handlers.__module__ == "flexinfer_common.errors"
+    assert install_error_handlers.__module__ == "flexinfer_common.service"
 
 
 # -- secrets never in a log -------------------------------------------------------------------------------

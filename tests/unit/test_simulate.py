@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -10,12 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from flexinfer_cli.main import app
-from flexinfer_cli.simulate import (
+from flexinfer_cli.simulation import (
     POLICIES,
+    Outcome,
     Settings,
     Simulation,
     TraceError,
     as_json,
+    load_trace,
     offline_lower_bound,
     read_trace,
     render_svg,
@@ -86,13 +89,11 @@ def test_the_table_shows_how_long_a_model_waited_past_its_bound() -> None:
     assert as_json(comparison)["policies"]["flexinfer"]["overBoundSeconds"] <= 3
 
 
-def test_with_the_quiet_yield_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> (
-    None
-):
+def test_a_lower_priority_batch_gets_a_quiet_gpu_and_the_higher_priority_model_gets_it_back() -> None:
     """chat (100, idle timeout 10 min) answers a session until 60 s; an embedding batch (50) arrives at 40 s. The
-    seed's embed, and FlexInfer's by default, wait for chat's idle timeout; with ``--quiet-yield 30s`` embed gets the
-    GPU once chat has been quiet for 30 s, and a chat request during the batch waits only until embed is quiet in
-    turn (no cooldown: chat was not preempted)."""
+    seed's embed waits for chat's idle timeout; FlexInfer's gets the GPU once chat has been quiet for its quiet
+    period (10 s; ``--quiet-yield`` sets it), and a chat request during the batch waits only until embed is quiet
+    in turn (a guest yields to a higher priority at once; no cooldown: chat was not preempted)."""
     lines = trace(
         {"model": "chat", "priority": 100, "loadSeconds": 20, "parkSeconds": 4, "idleTimeout": "10m"},
         {"model": "embed", "priority": 50, "loadSeconds": 8, "parkSeconds": 4, "concurrency": 8},
@@ -100,15 +101,16 @@ def test_with_the_quiet_yield_a_lower_priority_batch_gets_a_quiet_gpu_and_the_hi
         *[{"at": 40 + i, "model": "embed", "serviceSeconds": 0.2} for i in range(10)],
         {"at": 120, "model": "chat", "serviceSeconds": 2},
     )
-    default = simulate(read_trace(lines), ["flexinfer"], Settings(queue_timeout=900)).outcomes["flexinfer"]
-    assert min(default.waits["embed"]) >= 62 + 10 * 60 - 40 - 3  # after chat's idle timeout (10 min), as the seed
-    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900, quiet_yield=30)).outcomes
-    flexinfer = outcomes["flexinfer"]
-    # chat's last request at 60 s answered by 62 s; quiet 30 s later, then a park (4 s) and a load (8 s)
-    assert max(flexinfer.waits["embed"]) <= 62 + 30 + 3 + 4 + 8 - 40
-    assert max(flexinfer.waits["chat"]) <= 30 + 3 + 4 + 20  # embed quiet, a reconcile, the park, chat's load
+    outcomes = simulate(read_trace(lines), ["seed", "flexinfer"], Settings(queue_timeout=900)).outcomes
+    flexinfer, seed = outcomes["flexinfer"], outcomes["seed"]
+    # after chat's idle timeout (10 min from its load at 20 s: the seed's proxy reports no served request)
+    assert min(seed.waits["embed"]) >= 20 + 10 * 60 - 40
+    # chat's last request at 60 s answered by 62 s; quiet 10 s later (a reconcile), then a park (4 s), a load (8 s)
+    assert max(flexinfer.waits["embed"]) <= 62 + 10 + 3 + 4 + 8 - 40
+    assert max(flexinfer.waits["chat"]) <= 10 + 3 + 4 + 20  # embed quiet, a reconcile, the park, chat's load
     assert flexinfer.timed_out == 0 and flexinfer.killed == 0
-    assert min(outcomes["seed"].waits["embed"]) > max(flexinfer.waits["embed"])
+    slower = simulate(read_trace(lines), ["flexinfer"], Settings(queue_timeout=900, quiet_yield=30)).outcomes
+    assert max(slower["flexinfer"].waits["embed"]) > max(flexinfer.waits["embed"]) + 15  # a 30 s quiet period
 
 
 def test_a_drain_lets_requests_in_flight_finish_and_no_drain_kills_them() -> None:
@@ -195,15 +197,227 @@ def test_cli_prints_the_table_writes_the_picture_and_refuses_a_bad_trace(tmp_pat
 
 
 def test_cli_quiet_yield_is_the_schedulers_setting_for_the_flexinfer_policy(tmp_path: Path) -> None:
-    """``--quiet-yield`` plays FLEXINFER_QUIET_YIELD: on the homelab day the embedding batches (priority 50) get
-    the GPU in the chat and code models' quiet moments instead of waiting for their idle timeout."""
+    """``--quiet-yield`` plays FLEXINFER_QUIET_YIELD (the flexinfer policy's quiet period, 10 s by default): on the
+    homelab day the embedding batches (priority 50) get the GPU in the chat and code models' quiet moments, later
+    when those must be 30 s long (one model at a time: with the trace's 24 GB card embed loads beside them)."""
+    runner = CliRunner()
+    homelab = str(EXAMPLES / "homelab-day.jsonl")
+    command = ["simulate", homelab, "-p", "flexinfer", "-o", "json", "--one-at-a-time"]
+    runs = {flag: json.loads(runner.invoke(app, [*command, *flag]).output) for flag in ((), ("--quiet-yield", "30s"))}
+    default, slower = (runs[f]["policies"]["flexinfer"] for f in ((), ("--quiet-yield", "30s")))
+    assert slower["waitSeconds"]["embed"]["p95"] > default["waitSeconds"]["embed"]["p95"]
+    refused = runner.invoke(app, ["simulate", homelab, "--quiet-yield", "soon"])
+    assert refused.exit_code == 2 and "soon" in refused.output
+
+
+def test_json_and_table_give_the_waits_over_all_requests() -> None:
+    comparison = simulate(load_trace(EXAMPLES / "bursty-two-models.jsonl"), ["flexinfer"])
+    outcome = comparison.outcomes["flexinfer"]
+    every = sorted(w for waits in outcome.waits.values() for w in waits)
+    overall = as_json(comparison)["policies"]["flexinfer"]["allRequestsWaitSeconds"]
+    assert len(every) == len(comparison.trace.requests)
+    assert overall["p95"] == every[math.ceil(0.95 * len(every)) - 1]
+    assert overall["p50"] <= overall["p95"] <= overall["p99"] <= max(every)
+    assert "(all requests)  799" in render_table(comparison)
+
+
+# ---- memory: several models loaded side by side on a card with a capacity ---------------------------------------
+
+GIB = 1024**3
+
+
+def test_model_lines_take_memory_devices_and_pinned_and_a_capacity_line_sets_the_card() -> None:
+    parsed = read_trace(
+        trace(
+            {"capacity": {"devices": 2, "memoryPerDevice": "24Gi"}},
+            {"model": "chat", "memory": "6Gi", "devices": 1, "pinned": True},
+            {"model": "big", "memory": 20 * GIB, "devices": 2},
+            {"model": "plain"},
+            {"at": 0, "model": "chat"},
+        )
+    )
+    assert parsed.capacity is not None
+    assert (parsed.capacity.devices, parsed.capacity.memory_per_device) == (2, 24 * GIB)
+    chat, big, plain = (parsed.models[n] for n in ("chat", "big", "plain"))
+    assert (chat.memory, chat.devices, chat.pinned) == (6 * GIB, 1, True)
+    assert (big.memory, big.devices, big.pinned) == (20 * GIB, 2, False)
+    assert (plain.memory, plain.devices, plain.pinned) == (None, 1, False)  # a whole device
+    assert read_trace(trace({"at": 0, "model": "a"})).capacity is None  # no capacity: one model at a time
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        pytest.param([{"model": "a", "memory": "lots"}], "line 1: memory: 'lots' is not a memory", id="memory-word"),
+        pytest.param([{"model": "a", "memory": 0}], "line 1: memory: 0 is not a positive", id="memory-zero"),
+        pytest.param([{"model": "a", "devices": 0}], "line 1: devices: 0 is not a whole number", id="devices-zero"),
+        pytest.param([{"model": "a", "devices": 1.5}], "line 1: devices: 1.5 is not a whole", id="devices-fraction"),
+        pytest.param([{"model": "a", "devices": True}], "line 1: devices: True is not a whole", id="devices-bool"),
+        pytest.param([{"model": "a", "pinned": "yes"}], "line 1: pinned: 'yes' is not true or false", id="pinned"),
+        pytest.param(
+            [{"capacity": {"devices": 0, "memoryPerDevice": "24Gi"}}],
+            "line 1: capacity.devices: 0 is not a whole number",
+            id="capacity-devices",
+        ),
+        pytest.param(
+            [{"capacity": {"memoryPerDevice": "big"}}],
+            "line 1: capacity.memoryPerDevice: 'big' is not a memory",
+            id="capacity-memory",
+        ),
+        pytest.param(
+            [{"capacity": {"devices": 1}}], "line 1: capacity.memoryPerDevice: required", id="capacity-no-memory"
+        ),
+        pytest.param(
+            [{"capacity": {"memoryPerDevice": "24Gi", "gpus": 2}}],
+            "line 1: unknown capacity field 'gpus'",
+            id="capacity-unknown-field",
+        ),
+        pytest.param([{"capacity": "24Gi"}], "line 1: capacity: expected an object", id="capacity-not-object"),
+        pytest.param(
+            [{"capacity": {"memoryPerDevice": "24Gi"}, "at": 3}],
+            "line 1: a capacity line has only 'capacity'",
+            id="capacity-with-more",
+        ),
+        pytest.param(
+            [{"capacity": {"memoryPerDevice": "24Gi"}}, {"capacity": {"memoryPerDevice": "24Gi"}}],
+            "line 2: capacity: given twice",
+            id="capacity-twice",
+        ),
+        pytest.param(
+            [{"model": "a", "memory": "30Gi"}, {"capacity": {"memoryPerDevice": "24Gi"}}],
+            "line 1: memory: a needs 1 x 32212254720 bytes, more than the capacity's 1 x 25769803776",
+            id="model-larger-than-the-card",
+        ),
+        pytest.param(
+            [{"model": "a", "devices": 2, "memory": "1Gi"}, {"capacity": {"memoryPerDevice": "24Gi"}}],
+            "line 1: devices: a needs 2 x",
+            id="model-on-more-devices-than-the-card",
+        ),
+    ],
+)
+def test_a_bad_memory_or_capacity_value_is_named(lines: list[object], message: str) -> None:
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_trace([*trace(*lines), '{"at": 0, "model": "a"}'])
+
+
+def two_models_taking_turns(capacity: str = "24Gi") -> list[str]:
+    """a and b (8 GiB each), each asked every minute for an hour, half a minute apart: one at a time, a swap
+    every few minutes; on a 24 GiB card both stay loaded."""
+    model = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "memory": "8Gi", "concurrency": 2}
+    return trace(
+        {"capacity": {"devices": 1, "memoryPerDevice": capacity}},
+        {"model": "a", **model},
+        {"model": "b", **model},
+        *[{"at": 60 * i + 30 * (m == "b"), "model": m, "serviceSeconds": 5} for i in range(60) for m in "ab"],
+    )
+
+
+@pytest.mark.parametrize("policy", ["flexinfer", "seed"])
+def test_two_models_that_fit_are_never_swapped_while_one_at_a_time_swaps(policy: str) -> None:
+    lines = read_trace(two_models_taking_turns())
+    side_by_side = simulate(lines, [policy]).outcomes[policy]
+    alone = simulate(lines, [policy], Settings(one_at_a_time=True)).outcomes[policy]
+    assert side_by_side.loads == 2  # the two first loads, nothing more
+    assert side_by_side.timed_out == 0 and side_by_side.killed == 0
+    assert max(w for waits in side_by_side.waits.values() for w in waits) <= 20  # the first load only
+    assert side_by_side.peak_memory == 16 * GIB
+    assert side_by_side.over_bound is not None and side_by_side.over_bound <= 3  # loaded models are not waiting
+    assert alone.loads > 4 and alone.peak_memory is None
+    # the GPU's time: busy while either serves, loading only while neither does and one loads, never both counted
+    whole = side_by_side.busy + side_by_side.loading + side_by_side.idle  # until the last reconcile after the trace
+    assert lines.duration + 300 - 3 <= whole <= lines.duration + 300
+    assert side_by_side.loading == pytest.approx(40)  # a from 0 s, b from its first request at 30 s (a idle)
+    assert side_by_side.busy == pytest.approx(120 * 5, abs=1)  # 120 requests of 5 s, never two at once here
+
+
+def memory_held(outcome: Outcome, sizes: dict[str, int]) -> int:
+    """The most memory the models on the GPU held at once, from the timeline's segments alone."""
+    edges = sorted([(s.start, 1, s.model) for s in outcome.segments] + [(s.end, 0, s.model) for s in outcome.segments])
+    held, most = 0, 0
+    for _, starts, model in edges:  # at equal times a segment ends before the next starts
+        held += sizes[model] if starts else -sizes[model]
+        most = max(most, held)
+    return most
+
+
+def three_models_that_fit_two_by_two() -> list[str]:
+    """Three 10 GiB models on a 24 GiB card, in overlapping sessions: two fit, never three."""
+    lines: list[object] = [{"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}}]
+    lines += [{"model": m, "priority": 10, "loadSeconds": 15, "memory": "10Gi"} for m in "abc"]
+    for k in range(12):
+        model = "abc"[k % 3]
+        lines += [{"at": 200 * k + 20 * i, "model": model, "serviceSeconds": 3} for i in range(15)]
+    return trace(*lines)
+
+
+@pytest.mark.parametrize("policy", ["flexinfer", "seed"])
+@pytest.mark.parametrize(
+    "lines", [pytest.param(three_models_that_fit_two_by_two(), id="three-of-10Gi"), pytest.param(None, id="homelab")]
+)
+def test_the_simulator_never_holds_more_memory_than_the_capacity(policy: str, lines: list[str] | None) -> None:
+    parsed = read_trace(lines) if lines is not None else load_trace(EXAMPLES / "homelab-day.jsonl")
+    assert parsed.capacity is not None
+    outcome = simulate(parsed, [policy]).outcomes[policy]
+    sizes = {n: m.memory or parsed.capacity.memory_per_device for n, m in parsed.models.items()}
+    assert outcome.peak_memory is not None
+    assert memory_held(outcome, sizes) == outcome.peak_memory <= parsed.capacity.memory_per_device
+    assert outcome.peak_memory > max(sizes.values())  # models did share the card
+    assert outcome.loads > len(sizes)  # and models were evicted to make room (or parked idle) and came back
+    assert outcome.timed_out <= (1 if policy == "seed" else 0)
+    assert policy == "seed" or outcome.killed == 0  # an evicted model drains before it is parked
+
+
+def test_the_offline_bound_counts_only_changes_between_models_that_cannot_share_the_card() -> None:
+    parsed = read_trace(two_models_taking_turns())
+    assert offline_lower_bound(parsed, 300, parsed.capacity) == 2
+    assert offline_lower_bound(parsed, 300) > 2  # one at a time every other request is a change
+    too_small = read_trace(two_models_taking_turns(capacity="12Gi"))
+    assert offline_lower_bound(too_small, 300, too_small.capacity) == offline_lower_bound(too_small, 300)
+
+
+def test_the_timeline_shows_models_loaded_side_by_side_in_lanes_of_their_own() -> None:
+    comparison = simulate(read_trace(two_models_taking_turns()), ["flexinfer"])
+    side = ET.fromstring(render_svg(comparison))
+    alone = ET.fromstring(
+        render_svg(simulate(read_trace(two_models_taking_turns()), ["flexinfer"], Settings(one_at_a_time=True)))
+    )
+
+    def lanes(root: ET.Element) -> set[str]:
+        """The heights at which a's and b's segments are drawn (not the legend's squares at the top)."""
+        colours = {"#4e79a7", "#f28e2b"}
+        return {e.get("y", "") for e in root.iter() if e.tag.endswith("rect") and e.get("fill") in colours} - {"26"}
+
+    assert len(lanes(side)) == 2 and len(lanes(alone)) == 1  # a and b each in a lane of its own; one lane for both
+    assert "models loaded side by side" in ET.tostring(side, encoding="unicode")
+    assert "models loaded side by side" not in ET.tostring(alone, encoding="unicode")
+
+
+def test_cli_one_at_a_time_ignores_the_capacity() -> None:
     runner = CliRunner()
     homelab = str(EXAMPLES / "homelab-day.jsonl")
     runs = {
         flag: json.loads(runner.invoke(app, ["simulate", homelab, "-p", "flexinfer", "-o", "json", *flag]).output)
-        for flag in ((), ("--quiet-yield", "30s"))
+        for flag in ((), ("--one-at-a-time",))
     }
-    default, yielding = (runs[f]["policies"]["flexinfer"] for f in ((), ("--quiet-yield", "30s")))
-    assert yielding["waitSeconds"]["embed"]["p95"] < default["waitSeconds"]["embed"]["p95"] / 2
-    refused = runner.invoke(app, ["simulate", homelab, "--quiet-yield", "soon"])
-    assert refused.exit_code == 2 and "soon" in refused.output
+    side, alone = (runs[f]["policies"]["flexinfer"] for f in ((), ("--one-at-a-time",)))
+    assert side["swaps"] < alone["swaps"]
+    assert side["peakMemoryPerDeviceBytes"] <= 24 * GIB and alone["peakMemoryPerDeviceBytes"] is None
+    table = runner.invoke(app, ["simulate", homelab, "-p", "flexinfer"]).output
+    assert "capacity 1 x 24.0Gi: the most loaded on one device at once: flexinfer" in table
+
+
+@pytest.mark.parametrize(("pinned", "served"), [pytest.param(True, 0, id="pinned-stays"), (False, 3)])
+def test_a_pinned_model_keeps_the_card_against_an_equal_priority(pinned: bool, served: int) -> None:
+    """a (16 GiB) answers one request and is then quiet; b (16 GiB, the same priority) is asked three times later:
+    both do not fit on the 24 GiB card. Unpinned, quiet a is evicted for b; pinned, a stays and b's requests time
+    out."""
+    lines = trace(
+        {"capacity": {"memoryPerDevice": "24Gi"}},
+        {"model": "a", "priority": 10, "loadSeconds": 10, "memory": "16Gi", "pinned": pinned},
+        {"model": "b", "priority": 10, "loadSeconds": 10, "memory": "16Gi"},
+        {"at": 0, "model": "a", "serviceSeconds": 1},
+        *[{"at": 100 + i, "model": "b", "serviceSeconds": 1} for i in range(3)],
+    )
+    outcome = simulate(read_trace(lines), ["flexinfer"]).outcomes["flexinfer"]
+    assert outcome.timed_out == 3 - served
+    assert outcome.peak_memory == 16 * GIB  # never both

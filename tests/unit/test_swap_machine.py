@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from flexinfer_common.enums import RuntimePhase, ScaleAction, SwapPhase, SwapReason
-from flexinfer_scheduler.domain.model import Member, ModelKey, Swap
+from flexinfer_common.keys import ModelKey
+from flexinfer_scheduler.domain.model import Member, Swap
 from flexinfer_scheduler.domain.swap import TRANSITIONS, SwapEvent, SwapFacts, advance, drained, event_for, may_command
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -79,7 +80,9 @@ def test_the_table_ends_every_swap_and_any_active_phase_can_be_superseded() -> N
         SwapPhase.LOADING,
         SwapPhase.READY,
         SwapPhase.ABORTED,
+        SwapPhase.FAILED,
     }
+    assert TRANSITIONS[(SwapPhase.LOADING, SwapEvent.LOAD_FAILED)] is SwapPhase.FAILED
 
 
 def test_an_idle_swap_with_everything_parked_runs_to_loading_in_one_pass_and_records_each_phase() -> None:

@@ -7,9 +7,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase, SwapReason
+from flexinfer_common.enums import (
+    ModelPhase,
+    RuntimePhase,
+    ScaleAction,
+    SchedulingPolicy,
+    SharedState,
+    SwapPhase,
+    SwapReason,
+)
+from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import ElectionParams
-from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member
 from flexinfer_scheduler.domain.plan import GroupPlan, apply_plan, plan_group
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -17,12 +26,16 @@ A, B = ModelKey("default", "a"), ModelKey("default", "b")
 RETRY = timedelta(seconds=10)
 
 
+#: the swap machinery is the same under both policies; these tables use the seed's election, whose rules they cite
+SEED = ElectionParams(policy=SchedulingPolicy.SEED)
+
+
 def plan(snapshot: GroupSnapshot, now: datetime = NOW, params: ElectionParams | None = None) -> GroupPlan:
-    return plan_group(snapshot, now, params or ElectionParams(), command_retry=RETRY, new_swap_id="s1")
+    return plan_group(snapshot, now, params or SEED, command_retry=RETRY, new_swap_id="s1")
 
 
 apply = apply_plan
-YIELD = ElectionParams(quiet_after=timedelta(seconds=30))  # FLEXINFER_QUIET_YIELD=30s
+YIELD = ElectionParams(quiet_period=timedelta(seconds=30))  # FlexInfer's policy, FLEXINFER_QUIET_YIELD=30s
 
 
 def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase) -> GroupSnapshot:
@@ -143,10 +156,9 @@ def with_member(snapshot: GroupSnapshot, key: ModelKey, **fields: object) -> Gro
 
 
 def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -> None:
-    """With FLEXINFER_QUIET_YIELD=30s: a lower-priority model's requests wait while the higher-priority holder
-    answered nothing for 30 s: the holder
-    is parked as for its idle timeout (no preemption, so no cooldown holds the guest), and its next request brings
-    it back as soon as the guest is quiet in turn."""
+    """FlexInfer's policy (quiet period 30 s): a lower-priority model's requests wait while the higher-priority
+    holder answered nothing for 30 s: the holder is parked as for its idle timeout (no preemption, so no cooldown
+    holds the guest), and its next request brings it back once the guest's hold is over."""
     chat = Member(
         A,
         priority=100,
@@ -164,7 +176,7 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     assert first.active == B and [(c.key, c.action) for c in first.commands] == [(A, ScaleAction.PARK)]
     assert first.members[A].preempted_at is None and first.members[A].idle_parked_at == NOW
     (created,) = first.swap_updates
-    assert created.swap.reason == SwapReason.IDLE_TIMEOUT
+    assert created.swap.reason == SwapReason.IDLE
     assert first.cooldown_remaining == timedelta(0)
 
     # the guest is Ready at +20 s and answers the batch; chat is left out until it is asked again
@@ -175,15 +187,16 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     assert served.active == B and served.statuses[A].phase == ModelPhase.IDLE
     snapshot = apply(snapshot, served)
 
-    # a chat request at +25 s: chat waits while the guest is within 30 s of its load or its last request, then
-    # takes the GPU back (no 5-minute cooldown holds it out)
+    # a chat request at +25 s: the guest keeps the GPU for its hold (its own 19 s load, from Ready at +20 s),
+    # then chat, of higher priority with a request waiting, takes it back (no 5-minute cooldown holds it out)
     asked = NOW + timedelta(seconds=25)
     snapshot = with_member(snapshot, A, queued=1, last_active_time=asked)
     waiting = plan(snapshot, asked, params=YIELD)
-    assert waiting.active == B
-    assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=49), params=YIELD).active == B
-    back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=50), params=YIELD)
-    assert back.active == A and back.election.reason == "quiet-yield"
+    assert waiting.active == B and waiting.cooldown_remaining == timedelta(seconds=14)
+    assert "swap cooldown ends at 12:00:39" in waiting.statuses[A].message
+    assert plan(apply(snapshot, waiting), NOW + timedelta(seconds=38), params=YIELD).active == B
+    back = plan(apply(snapshot, waiting), NOW + timedelta(seconds=39), params=YIELD)
+    assert back.active == A and back.election.reason == "demand"
 
 
 def test_a_member_built_from_its_fields_equals_one_built_by_keyword_and_needs_every_field() -> None:
@@ -232,3 +245,81 @@ def test_the_election_reads_of_a_manifest_what_the_whole_manifest_says() -> None
         got = (facts.swap_cooldown, facts.idle_timeout, facts.force_promotion, facts.service_labels, facts.max_wait)
         assert got == expected
         assert facts.model.spec == spec and facts.runtime("default", "a").port == 8000
+
+
+def test_a_swap_whose_model_fails_to_load_ends_failed_with_why() -> None:
+    """`get swaps` and the status page tell a swap that failed from one that served (issue 24)."""
+    snapshot = serving_a_with_demand_for_b()
+    snapshot = apply(snapshot, plan(snapshot))
+    parked = report(snapshot, A, RuntimePhase.PARKED)
+    loading = apply(parked, plan(parked, NOW + timedelta(seconds=2)))
+    assert loading.swap is not None and loading.swap.phase == SwapPhase.LOADING
+    members = tuple(
+        dataclasses.replace(
+            m, runtime="Failed", runtime_generation=m.command_generation, runtime_message="killed by signal 4"
+        )
+        if m.key == B
+        else m
+        for m in loading.members
+    )
+    failed = plan_group(
+        dataclasses.replace(loading, members=members),
+        NOW + timedelta(seconds=5),
+        ElectionParams(),
+        command_retry=RETRY,
+        new_swap_id="s2",
+    )
+    (ended,) = [u for u in failed.swap_updates if u.swap.id == "s1"]
+    assert ended.swap.phase == SwapPhase.FAILED and ended.finished_at is not None
+    assert ended.message == "default/b failed to load: killed by signal 4"
+
+
+def test_preempted_by_is_cleared_once_the_model_holds_the_gpu_again() -> None:
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=3,
+        runtime_generation=3,
+        runtime="Ready",
+        ready_since=NOW - timedelta(minutes=1),
+        preempted_at=NOW - timedelta(minutes=10),
+        preempted_by="gpu-lease/root",
+    )
+    result = plan(GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=NOW - timedelta(minutes=1)))
+    assert result.statuses[A].state == SharedState.ACTIVE and result.statuses[A].preempted_by is None
+
+
+def test_a_crashed_model_says_why_while_it_waits_for_its_restart() -> None:
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Failed",
+        runtime_message="killed by signal 9",
+        command_issued_at=NOW - timedelta(seconds=3),
+        ready_since=NOW - timedelta(seconds=2),
+        last_active_time=NOW - timedelta(seconds=1),
+    )
+    snapshot = GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=NOW - timedelta(seconds=3))
+    result = plan_group(
+        snapshot, NOW, ElectionParams(), command_retry=RETRY, new_swap_id="s1", restart_backoff=timedelta(seconds=10)
+    )
+    assert result.statuses[A].message == "crashed: killed by signal 9; restarting"
+
+
+def test_a_loading_model_shows_what_the_actuator_says_of_its_probe() -> None:
+    a = Member(
+        A,
+        priority=10,
+        desired_action=ScaleAction.ACTIVATE,
+        command_generation=1,
+        runtime_generation=1,
+        runtime="Loading",
+        runtime_message="GET /health → 404, 12 tries",
+        command_issued_at=NOW - timedelta(seconds=30),
+    )
+    result = plan(GroupSnapshot("gpu", (a,), active=A, leader_since=NOW - timedelta(seconds=30)))
+    assert result.statuses[A].message == "loading: GET /health → 404, 12 tries"

@@ -13,8 +13,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import ModelPhase, RuntimePhase, SharedState
-from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
+from flexinfer_common.enums import ModelPhase, RuntimePhase, SchedulingPolicy, SharedState
+from flexinfer_common.keys import ModelKey
+from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.model import GroupSnapshot
 from tests.unit.test_scheduler_properties import START, TICK, Process, Sim, member
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -48,7 +50,15 @@ class Proxy:
         self.sim.advance(TICK)
 
 
-def two_models(*, a: int = 100, b: int = 100, cooldown: timedelta | None = None, idle: timedelta | None = None) -> Sim:
+def two_models(
+    *,
+    a: int = 100,
+    b: int = 100,
+    cooldown: timedelta | None = None,
+    idle: timedelta | None = None,
+    policy: SchedulingPolicy = SchedulingPolicy.SEED,
+) -> Sim:
+    """Two models; the seed's election by default (the troubleshooting section describes it)."""
     return Sim(
         GroupSnapshot(
             "gpu",
@@ -56,7 +66,8 @@ def two_models(*, a: int = 100, b: int = 100, cooldown: timedelta | None = None,
                 member("a", priority=a, swap_cooldown=cooldown, idle_timeout=idle),
                 member("b", priority=b, swap_cooldown=cooldown),
             ),
-        )
+        ),
+        params=ElectionParams(policy=policy),
     )
 
 
@@ -143,15 +154,16 @@ def test_rollout_restart_of_a_crashed_model_keeps_its_failure_out_of_the_queue()
 # ---- Lower-Priority Model Never Activates ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("quiet_yield", [None, timedelta(seconds=30)], ids=["default", "quiet-yield-30s"])
-def test_lower_priority_model_never_activates(quiet_yield: timedelta | None) -> None:
+@pytest.mark.parametrize("policy", [SchedulingPolicy.SEED, SchedulingPolicy.FLEXINFER], ids=["seed", "flexinfer"])
+def test_lower_priority_model_never_activates(policy: SchedulingPolicy) -> None:
     """By design a lower-priority model waits while a higher-priority one holds the GPU, even an idle one; it gets
     the GPU once the active model idles out via its idleTimeout; and the group does not flap: the idle-parked model
     is not re-elected until a request names it again (then it wins back the GPU, being higher priority).
-    With FLEXINFER_QUIET_YIELD set (opt-in), "idle" is shorter: a holder quiet for that long while the lower one's
+    Under FlexInfer's policy "idle" is shorter: a holder quiet for its quiet period (10 s) while the lower one's
     requests wait is parked as for its idle timeout, the rest is the same."""
     sim = two_models(a=200, b=100, idle=timedelta(minutes=10))
-    sim.params = dataclasses.replace(sim.params, quiet_after=quiet_yield)
+    sim.params = dataclasses.replace(sim.params, policy=policy)
+    quiet_yield = sim.params.quiet_period if policy is SchedulingPolicy.FLEXINFER else None
     proxy = Proxy(sim)
     bring_up(sim, A)
     busy_until = sim.now + timedelta(minutes=5)
@@ -299,10 +311,10 @@ def test_demand_signal_not_being_detected(
 
 def test_a_busy_incumbent_no_longer_starves_an_equal_priority_model() -> None:
     """The starvation of issue 11: steady traffic on A (a request every tick, so A is never idle) and one request
-    for B of equal priority. B gets the GPU once it has waited its maxWait (the 2-minute demand window by default),
-    plus a drain and a few reconcile periods — long before the 5-minute queue timeout. Before, it waited until its
-    request timed out."""
-    sim = two_models()
+    for B of equal priority. Under FlexInfer's policy B gets the GPU once it has waited its maxWait (4 minutes by
+    default), plus a drain and a few reconcile periods — before the 5-minute queue timeout. Under the seed's it
+    waits until its request times out."""
+    sim = two_models(policy=SchedulingPolicy.FLEXINFER)
     bring_up(sim, A)
     proxy = Proxy(sim)
     start = sim.now
@@ -311,5 +323,6 @@ def test_a_busy_incumbent_no_longer_starves_an_equal_priority_model() -> None:
         assert sim.now - start < QUEUE_TIMEOUT, "B starved behind a busy A"
         proxy.request(A)
         proxy.tick()
-    assert timedelta(minutes=2) <= sim.now - start <= timedelta(minutes=2) + 4 * TICK
+    bound = sim.params.flexinfer_max_wait
+    assert bound <= sim.now - start <= bound + 4 * TICK
     assert sim.running == [B]

@@ -31,6 +31,8 @@
 {{- with .Values.rendering -}}
 - name: FLEXINFER_GPU_RESOURCE
   value: {{ .gpuResource | quote }}
+- name: FLEXINFER_SHARED_GPU_RESOURCE
+  value: {{ .sharedGpuResource | quote }}
 - name: FLEXINFER_MODEL_CACHE_CLAIM
   value: {{ .modelCacheClaim | quote }}
 - name: FLEXINFER_FLASH_TMPFS_ROOT

@@ -141,6 +141,11 @@ spec:
             - name: state
               mountPath: {{ . }}
             {{- end }}
+            {{- if ((.Values.nats).tls).existingSecret }}
+            - name: nats-tls
+              mountPath: /etc/flexinfer/nats-tls
+              readOnly: true
+            {{- end }}
             {{- with .Values.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -151,6 +156,13 @@ spec:
         {{- if .Values.stateDir }}
         - name: state
           emptyDir: {}
+        {{- end }}
+        {{- with ((.Values.nats).tls).existingSecret }}
+        # TLS to NATS: the CA that signed its certificate (ca.crt) and, for mutual TLS, this service's own.
+        - name: nats-tls
+          secret:
+            secretName: {{ . }}
+            defaultMode: 0400
         {{- end }}
         {{- with .Values.extraVolumes }}
         {{- toYaml . | nindent 8 }}

@@ -125,6 +125,41 @@ values given inline (the chart's own Secret, or the migration hook's).
 {{- else }}
   value: {{ include "flexinfer.natsURL" $ | quote }}
 {{- end }}
+{{- $auth := $.Values.nats | default dict }}
+{{- if $auth.credentialsSecret }}
+{{- /* This service's own identity on an external NATS: user and password from the operator's Secret. */}}
+- name: FLEXINFER_NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.credentialsSecret }}
+      key: {{ $auth.userKey | default "user" }}
+- name: FLEXINFER_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.credentialsSecret }}
+      key: {{ $auth.passwordKey | default "password" }}
+{{- else if $nats.install }}
+{{- /* The umbrella's bundled NATS: this service's identity (its component) and its generated password. */}}
+- name: FLEXINFER_NATS_USER
+  value: {{ $.Values.component | quote }}
+- name: FLEXINFER_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ printf "%s-nats-auth" $.Release.Name }}
+      key: {{ $.Values.component }}
+{{- end }}
+{{- with $auth.tls }}
+{{- if .existingSecret }}
+- name: FLEXINFER_NATS_TLS_CA
+  value: {{ printf "/etc/flexinfer/nats-tls/%s" (.caKey | default "ca.crt") | quote }}
+{{- if .clientCertificate }}
+- name: FLEXINFER_NATS_TLS_CERT
+  value: "/etc/flexinfer/nats-tls/tls.crt"
+- name: FLEXINFER_NATS_TLS_KEY
+  value: "/etc/flexinfer/nats-tls/tls.key"
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if include "flexinfer.usesDatabase" $ }}
 {{- $db := $c.database }}
 - name: FLEXINFER_DATABASE_URL

@@ -2,7 +2,8 @@
 exit codes, running a command's coroutine.
 
 Each command lives in its own module under :mod:`flexinfer_cli.commands` and registers itself on :data:`app`;
-:mod:`flexinfer_cli.main` imports them all. A new command is a new module plus one import there.
+:mod:`flexinfer_cli.main` imports them all. The package's docstring (:mod:`flexinfer_cli`) says where a command's
+work goes.
 """
 
 from __future__ import annotations

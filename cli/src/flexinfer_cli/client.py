@@ -1,4 +1,4 @@
-"""A tiny JSON client for the services' admin APIs (CONTRACT section 4).
+"""A tiny JSON client for the services' admin APIs (docs/reference.md section 4).
 
 Failures become two exceptions whose text is ready for a terminal: :class:`ApiError` (the service answered
 with an error: its message, as the API put it) and :class:`ServiceUnreachable` (nothing answered: which

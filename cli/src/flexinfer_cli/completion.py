@@ -16,7 +16,7 @@ from flexinfer_cli.tables import VIEWS, Kind, items_of, parse_kind
 COMPLETION_TIMEOUT = 2.0
 KIND_WORDS = sorted({kind.value for kind in Kind} | {"model", "gpugroup", "gpulease"})
 # What `flexinfer describe` and `flexinfer delete` take.
-DESCRIBABLE = ("model",)
+DESCRIBABLE = ("model", "group")
 DELETABLE = ("model", "gpugroup", "gpulease")
 
 

@@ -7,6 +7,7 @@ reading the environment it is given and the admin token file of ``flexinfer up``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -80,6 +81,8 @@ def service_url(service: Service, flag: str | None = None, env: Mapping[str, str
     """The base URL of a service's HTTP API (no trailing slash)."""
     env = os.environ if env is None else env
     url = flag or env.get(service.url_variable, "").strip()
+    if not url and not env.get(service.port_variable, "").strip():
+        url = running_endpoints(env).get(service.value, "")
     if not url:
         url = f"http://127.0.0.1:{service_port(service, env)}"
     if not url.startswith(("http://", "https://")):
@@ -90,7 +93,7 @@ def service_url(service: Service, flag: str | None = None, env: Mapping[str, str
 
 def nats_url(flag: str | None = None, env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
-    return flag or env.get("FLEXINFER_NATS_URL", "").strip() or DEFAULT_NATS_URL
+    return flag or env.get("FLEXINFER_NATS_URL", "").strip() or running_endpoints(env).get("nats") or DEFAULT_NATS_URL
 
 
 DEFAULT_STATE_DIR = ".flexinfer"
@@ -101,6 +104,27 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where ``flexinfer up`` keeps its state: ``FLEXINFER_STATE_DIR``, else ``.flexinfer`` here."""
     env = os.environ if env is None else env
     return Path(env.get("FLEXINFER_STATE_DIR", "").strip() or DEFAULT_STATE_DIR)
+
+
+ENDPOINTS_FILE_NAME = "endpoints.json"
+
+
+def endpoints_file(directory: Path) -> Path:
+    """The URLs a running ``flexinfer up`` serves (mode 0600; removed when it stops)."""
+    return directory / ENDPOINTS_FILE_NAME
+
+
+def running_endpoints(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The URLs of the ``flexinfer up`` whose state folder is ``FLEXINFER_STATE_DIR`` (default ``.flexinfer``):
+    ``proxy``, ``scheduler``, ``lease-manager``, ``actuator``, ``nats``; empty when none runs there."""
+    env = os.environ if env is None else env
+    try:
+        data = json.loads(endpoints_file(state_dir(env)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, str) and v}
 
 
 def token_file(directory: Path) -> Path:

@@ -21,6 +21,12 @@ Lifetime rules:
 * PostgreSQL refuses to run as root. When ``euid == 0`` initdb/postgres run as the unprivileged
   system user ``pgserver`` (created if missing, the same user the pgserver package uses); the data
   directory is chowned to it and every ancestor directory is made traversable (``o+x``).
+
+Database security (docs/operations.md, "Database security"): the embedded PostgreSQL takes only password
+connections (SCRAM-SHA-256) on loopback TCP, no Unix socket, no ``trust`` line in ``pg_hba.conf``. The superuser's
+password is generated at the first start and kept in ``data_dir/superuser.password`` (mode 0600, owned by whoever
+runs ``flexinfer up``); :meth:`EmbeddedPostgres.ensure_app_database` creates the role the services use (not a
+superuser, owner of its one database only) with its own generated password file.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 __all__ = [
     "LOOPBACK",
@@ -58,6 +64,8 @@ __all__ = [
     "find_nats_server",
     "find_postgres_bindir",
     "free_port",
+    "mask_url_password",
+    "read_or_create_secret",
 ]
 
 log = logging.getLogger("flexinfer.embedded")
@@ -98,6 +106,39 @@ def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
         except OSError:
             return False
         return True
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: what a log line may show."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
+def read_or_create_secret(path: Path, *, nbytes: int = 24) -> str:
+    """The secret kept in ``path``, or a new random one written there with mode 0600 (created with that mode, so
+    no other user can read it even for an instant). A file that others could read is made private again."""
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        value = ""
+    if value:
+        if stat.S_IMODE(path.stat().st_mode) & 0o077:
+            log.warning("%s was readable by others; made it private (mode 0600)", path)
+            path.chmod(0o600)
+        return value
+    import secrets
+
+    value = secrets.token_urlsafe(nbytes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(value + "\n")
+    path.chmod(0o600)
+    return value
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -509,6 +550,10 @@ class EmbeddedNats(_EmbeddedServer):
     """A ``nats-server -js`` child process on ``127.0.0.1``.
 
     Layout: JetStream store in ``data_dir/jetstream``, log in ``data_dir/nats.log``.
+
+    With ``passwords`` (one per identity of :mod:`flexinfer_common.nats_auth`) the server requires them: its config
+    ``data_dir/nats.conf`` (mode 0600) has one user per identity with only that identity's permissions. Without, it
+    accepts anyone (tests that need a bare server).
     """
 
     _name = "nats"
@@ -516,8 +561,26 @@ class EmbeddedNats(_EmbeddedServer):
     _stop_grace = 5.0
     start_timeout = 10.0
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, *, passwords: Mapping[Any, str] | None = None) -> None:
         super().__init__(data_dir, port)
+        self.passwords = dict(passwords) if passwords is not None else None
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "nats.conf"
+
+    def _write_config(self) -> None:
+        """The server's authorization (JSON is valid NATS config), private to us: it holds the passwords."""
+        import json
+
+        from flexinfer_common.nats_auth import Identity, server_authorization
+
+        assert self.passwords is not None
+        config = server_authorization({Identity(k): v for k, v in self.passwords.items()})
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(config, out, indent=2)
+        self.config_path.chmod(0o600)
 
     @property
     def url(self) -> str:
@@ -530,6 +593,9 @@ class EmbeddedNats(_EmbeddedServer):
                 return self.url
             binary = find_nats_server()
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            if self.passwords is not None:
+                self.data_dir.chmod(0o700)
+                self._write_config()
             attempts = 1 if self._requested_port is not None else 3
             for attempt in range(1, attempts + 1):
                 port = self._pick_port()
@@ -546,6 +612,8 @@ class EmbeddedNats(_EmbeddedServer):
                     "-n",
                     "flexinfer-embedded",
                 ]
+                if self.passwords is not None:
+                    argv += ["-c", self.config_path]
                 with self.log_path.open("ab") as log_file:
                     log_file.write(f"--- flexinfer: starting nats-server on port {port} ---\n".encode())
                     log_file.flush()
@@ -590,11 +658,21 @@ def _sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+_HBA = """\
+# Written by flexinfer at every start (edits are lost): password connections (SCRAM-SHA-256) over loopback TCP,
+# nothing else. There is no Unix socket (-k '') and no trust line.
+host    all    all    127.0.0.1/32    scram-sha-256
+host    all    all    ::1/128         scram-sha-256
+"""
+
+
 class EmbeddedPostgres(_EmbeddedServer):
-    """A ``postgres`` child process listening on ``127.0.0.1`` only (no unix socket), trust auth.
+    """A ``postgres`` child process listening on ``127.0.0.1`` only (no unix socket), SCRAM-SHA-256 passwords.
 
     Layout: cluster in ``data_dir/pgdata`` (reused when ``PG_VERSION`` exists), log in
-    ``data_dir/postgres.log``. Superuser ``postgres``, no password.
+    ``data_dir/postgres.log``, the superuser ``postgres``'s generated password in ``data_dir/superuser.password``
+    (mode 0600). A cluster made by an older release (trust authentication, no password) gets its password in
+    single-user mode, without listening, before it first starts.
 
     ``durable=False`` turns off ``fsync``, ``synchronous_commit`` and ``full_page_writes``: much faster,
     fine for tests, but a machine crash can corrupt the cluster.
@@ -627,17 +705,37 @@ class EmbeddedPostgres(_EmbeddedServer):
         return self.data_dir / "pgdata"
 
     @property
+    def password_file(self) -> Path:
+        """The superuser's password (mode 0600)."""
+        return self.data_dir / "superuser.password"
+
+    def role_password_file(self, role: str) -> Path:
+        return self.data_dir / f"{role}.password"
+
+    @property
+    def superuser_password(self) -> str:
+        return read_or_create_secret(self.password_file)
+
+    @property
     def url(self) -> str:
-        """SQLAlchemy async URL of the ``postgres`` database."""
+        """SQLAlchemy async URL of the ``postgres`` database, as the superuser (with its password)."""
         return self.url_for(_PG_SUPERUSER)
 
-    def url_for(self, database: str) -> str:
-        """SQLAlchemy async URL (asyncpg driver) of ``database`` on this server."""
-        return f"postgresql+asyncpg://{_PG_SUPERUSER}@{LOOPBACK}:{self.port}/{quote(database, safe='')}"
+    def url_for(self, database: str, *, role: str = _PG_SUPERUSER) -> str:
+        """SQLAlchemy async URL (asyncpg driver) of ``database`` on this server, as ``role`` with its password."""
+        return "postgresql+asyncpg://" + self._authority(role) + "/" + quote(database, safe="")
 
-    def dsn(self, database: str = _PG_SUPERUSER) -> str:
-        """libpq/asyncpg URL of ``database`` on this server."""
-        return f"postgresql://{_PG_SUPERUSER}@{LOOPBACK}:{self.port}/{quote(database, safe='')}"
+    def dsn(self, database: str = _PG_SUPERUSER, *, role: str = _PG_SUPERUSER) -> str:
+        """libpq/asyncpg URL of ``database`` on this server, as ``role`` with its password."""
+        return "postgresql://" + self._authority(role) + "/" + quote(database, safe="")
+
+    def _authority(self, role: str) -> str:
+        port = self.port  # before the password: no password file is made for a server that never started
+        if role == _PG_SUPERUSER:
+            password = self.superuser_password
+        else:
+            password = read_or_create_secret(self.role_password_file(role))
+        return f"{quote(role, safe='')}:{quote(password, safe='')}@{LOOPBACK}:{port}"
 
     @property
     def bin_dir(self) -> Path:
@@ -654,16 +752,24 @@ class EmbeddedPostgres(_EmbeddedServer):
                 return self.url
             bindir = self.bin_dir
             run_as = _ensure_system_user(PG_SYSTEM_USER) if hasattr(os, "geteuid") and os.geteuid() == 0 else None
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if stat.S_IMODE(self.data_dir.stat().st_mode) & 0o066:  # the password files' folder (o+x for root's run)
+                self.data_dir.chmod(stat.S_IMODE(self.data_dir.stat().st_mode) & ~0o066)
             self.pgdata.mkdir(mode=0o700, exist_ok=True)
             if run_as is not None:
                 _ensure_readable_install(bindir)
                 _ensure_traversable(self.pgdata)
                 _chown_tree(self.pgdata, run_as)
+            legacy = not self.password_file.exists()
+            password = self.superuser_password
             if (self.pgdata / "PG_VERSION").exists():
                 log.info("reusing PostgreSQL cluster in %s", self.pgdata)
+                self._remove_stale_pidfile()
+                if legacy:  # made before passwords (trust): give the superuser its password before listening
+                    self._set_password_single_user(bindir, run_as, password)
             else:
-                self._initdb(bindir, run_as)
+                self._initdb(bindir, run_as, password)
+            self._write_hba(run_as)
             self._remove_stale_pidfile()
             attempts = 1 if self._requested_port is not None else 3
             for attempt in range(1, attempts + 1):
@@ -681,7 +787,7 @@ class EmbeddedPostgres(_EmbeddedServer):
                         atexit.register(self.stop)
                         log.info(
                             "embedded PostgreSQL ready at %s (pid %d, %.0f ms, durable=%s)",
-                            self.url,
+                            mask_url_password(self.url),
                             proc.pid,
                             (time.monotonic() - t0) * 1000,
                             self.durable,
@@ -695,15 +801,24 @@ class EmbeddedPostgres(_EmbeddedServer):
                     time.sleep(0.05)
             raise EmbeddedServerError("could not find a free port for postgres")  # pragma: no cover
 
-    def _initdb(self, bindir: Path, run_as: _RunAs | None) -> None:
+    def _initdb(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
         if any(self.pgdata.iterdir()):
             raise EmbeddedServerError(f"{self.pgdata} is not empty but has no PG_VERSION: refusing to initdb over it")
         log.info("initializing PostgreSQL cluster in %s (%s)", self.pgdata, bindir)
+        # initdb reads the password from a file: a private one beside pgdata, readable by the server's user only,
+        # removed as soon as initdb is done.
+        pwfile = self.data_dir / ".initdb-password"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(password + "\n")
+        if run_as is not None:
+            os.chown(pwfile, run_as.uid, run_as.gid)
         argv = [
             str(bindir / "initdb"),
             "-D",
             str(self.pgdata),
-            "--auth=trust",
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
             "-U",
             _PG_SUPERUSER,
             "--encoding=UTF8",
@@ -711,15 +826,48 @@ class EmbeddedPostgres(_EmbeddedServer):
         ]
         if not self.durable:
             argv.append("--no-sync")
-        kwargs: dict[str, Any] = {}
-        if run_as is not None:
-            kwargs.update(user=run_as.uid, group=run_as.gid, extra_groups=[])
-        res = subprocess.run(
-            argv, capture_output=True, text=True, cwd=self.pgdata, env=_child_env(), timeout=120, check=False, **kwargs
-        )
+        try:
+            res = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                cwd=self.pgdata,
+                env=_child_env(),
+                timeout=120,
+                check=False,
+                **_run_as_kwargs(run_as),
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         log.debug("initdb output:\n%s%s", res.stdout, res.stderr)
         if res.returncode != 0:
             raise EmbeddedServerError(f"initdb failed with code {res.returncode}:\n{res.stdout}\n{res.stderr}".rstrip())
+
+    def _set_password_single_user(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
+        """Give the superuser of an existing cluster its password in single-user mode (nothing listens)."""
+        log.info("setting a password for the superuser of the existing cluster %s", self.pgdata)
+        argv = [str(bindir / "postgres"), "--single", "-D", str(self.pgdata), "-c", "password_encryption=scram-sha-256"]
+        res = subprocess.run(
+            [*argv, _PG_SUPERUSER],
+            input=f"ALTER ROLE {_sql_ident(_PG_SUPERUSER)} PASSWORD {_sql_literal(password)};\n",
+            capture_output=True,
+            text=True,
+            cwd=self.pgdata,
+            env=_child_env(),
+            timeout=120,
+            check=False,
+            **_run_as_kwargs(run_as),
+        )
+        if res.returncode != 0 or "ERROR" in res.stdout + res.stderr:
+            self.password_file.unlink(missing_ok=True)  # try again next start
+            raise EmbeddedServerError(f"cannot set the superuser's password (single-user mode): {res.stderr.strip()}")
+
+    def _write_hba(self, run_as: _RunAs | None) -> None:
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text(_HBA)
+        hba.chmod(0o600)
+        if run_as is not None:
+            os.chown(hba, run_as.uid, run_as.gid)
 
     def _remove_stale_pidfile(self) -> None:
         pidfile = self.pgdata / "postmaster.pid"
@@ -760,10 +908,13 @@ class EmbeddedPostgres(_EmbeddedServer):
             "",  # no unix-domain socket
             "-c",
             f"max_connections={self.max_connections}",
+            "-c",
+            "password_encryption=scram-sha-256",
         ]
         if not self.durable:
             argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         with self.log_path.open("ab") as log_file:
+            self.log_path.chmod(0o600)
             log_file.write(f"--- flexinfer: starting postgres on port {port} ---\n".encode())
             log_file.flush()
             # SIGINT (fast shutdown) on our death: SIGTERM's smart shutdown would wait for clients
@@ -822,7 +973,8 @@ class EmbeddedPostgres(_EmbeddedServer):
             "-c",
             sql,
         ]
-        res = subprocess.run(argv, capture_output=True, text=True, env=_child_env(), timeout=60, check=False)
+        env = {**_child_env(), "PGPASSWORD": self.superuser_password}
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
         if res.returncode != 0:
             raise EmbeddedServerError(f"psql failed ({res.returncode}) running {sql!r}: {res.stderr.strip()}")
         return res.stdout
@@ -837,3 +989,43 @@ class EmbeddedPostgres(_EmbeddedServer):
             self.psql(f"CREATE DATABASE {_sql_ident(name)}")
             log.info("created database %r", name)
         return self.url_for(name)
+
+    def ensure_app_database(self, name: str, role: str) -> str:
+        """Make ``role`` (a login role that is not a superuser, cannot create roles or databases) the owner of
+        database ``name`` and of every table in it, and the only non-superuser that may connect to it; return the
+        SQLAlchemy URL of ``name`` as ``role`` (its password generated into ``role_password_file(role)``).
+
+        Run again at every start: it brings a cluster of an older release (everything owned by ``postgres``)
+        to the same state. ``COPY ... TO PROGRAM``, other databases and other roles' objects stay out of reach.
+        """
+        if role == _PG_SUPERUSER:
+            raise EmbeddedServerError("the services' role must not be the superuser")
+        password = read_or_create_secret(self.role_password_file(role))
+        ident, literal = _sql_ident(role), _sql_literal(role)
+        options = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+        exists = self.psql(f"SELECT 1 FROM pg_roles WHERE rolname = {literal}").strip() == "1"
+        verb = "ALTER" if exists else "CREATE"
+        self.psql(f"{verb} ROLE {ident} {options} PASSWORD {_sql_literal(password)}")
+        if self.psql(f"SELECT 1 FROM pg_database WHERE datname = {_sql_literal(name)}").strip() == "1":
+            self.psql(f"ALTER DATABASE {_sql_ident(name)} OWNER TO {ident}")
+        else:
+            self.psql(f"CREATE DATABASE {_sql_ident(name)} OWNER {ident}")
+            log.info("created database %r owned by %r", name, role)
+        # Tables (and the sequences they own) an older release created as the superuser go to the role.
+        self.psql(
+            "DO $$DECLARE r record; BEGIN "
+            "FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+            "AND tableowner <> " + literal + " LOOP "
+            "EXECUTE format('ALTER TABLE public.%I OWNER TO %I', r.tablename, " + literal + "); "
+            "END LOOP; END$$",
+            database=name,
+        )
+        for database in (_PG_SUPERUSER, "template1", name):
+            self.psql(f"REVOKE ALL ON DATABASE {_sql_ident(database)} FROM PUBLIC")
+        return self.url_for(name, role=role)
+
+
+def _run_as_kwargs(run_as: _RunAs | None) -> dict[str, Any]:
+    if run_as is None:
+        return {}
+    return {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}

@@ -1,5 +1,5 @@
 """The recent events of a model for ``flexinfer describe``, read from the ``FLEXINFER_EVENTS`` JetStream stream
-(CONTRACT section 3: ``flexinfer.events.<kind>.<group>``, kept for a day) through a short-lived consumer that
+(docs/reference.md section 3: ``flexinfer.events.<kind>.<group>``, kept for a day) through a short-lived consumer that
 acknowledges nothing and vanishes on its own."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from flexinfer_cli.client import CliError
-from flexinfer_cli.demand import connect_nats
-from flexinfer_cli.describing import Event, Events
+from flexinfer_cli.demand_signal import connect_nats
+from flexinfer_cli.descriptions import Event, Events
 from flexinfer_common import subjects
 from flexinfer_common.clock import rfc3339
 from flexinfer_common.messages import LeaseEvent, ModelEvent, SwapEvent
+from flexinfer_common.nats_auth import Identity, redact_url
 
 FETCH_BATCH = 256
 MAX_EVENTS = 5_000  # read at most this many messages of the group (newest kept)
@@ -66,7 +67,7 @@ async def recent_events(url: str, *, group: str, model: str, now: datetime, sinc
     from nats.js.errors import NotFoundError
 
     try:
-        nc = await connect_nats(url)
+        nc = await connect_nats(url, identity=Identity.OBSERVER)
     except CliError as exc:
         return Events(unavailable=str(exc))
     messages: list[tuple[str, bytes]] = []
@@ -92,9 +93,9 @@ async def recent_events(url: str, *, group: str, model: str, now: datetime, sinc
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
     except NotFoundError:
-        return Events(unavailable=f"no {subjects.EVENTS_STREAM} stream on {url} (the scheduler creates it)")
+        return Events(unavailable=f"no {subjects.EVENTS_STREAM} stream on {redact_url(url)} (the scheduler creates it)")
     except Exception as exc:  # a describe prints what it has; the events' absence says why
-        return Events(unavailable=f"cannot read events from NATS at {url}: {exc or type(exc).__name__}")
+        return Events(unavailable=f"cannot read events from NATS at {redact_url(url)}: {exc or type(exc).__name__}")
     finally:
         await nc.close()
     return Events(items=events_of(messages, model=model))

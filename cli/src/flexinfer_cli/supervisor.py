@@ -6,6 +6,14 @@ structured log line. :meth:`Supervisor.stop` sends SIGTERM to one service at a t
 waits for it (SIGKILL after ``stop_timeout``), so a service stopped later can still finish its own shutdown
 (the actuator, last, stops the model processes).
 
+Liveness (docs/operations.md, "Liveness"): a service whose :class:`ServiceSpec` has a ``health_url`` is probed with
+``GET`` every ``Liveness.period`` seconds, each probe given ``Liveness.timeout`` seconds, as a Kubernetes liveness
+probe would. A service that fails ``Liveness.failure_threshold`` probes in a row (no answer in time, a refused
+connection, a status outside 200-399) is stopped or hung, not crashed: the supervisor logs it, SIGKILLs its
+process group (a SIGSTOPped process cannot handle SIGTERM) and the ordinary restart follows. Failures count only
+once the service has answered one probe since it (re)started, or once ``Liveness.initial_delay`` has passed, so a
+slow start is not mistaken for a hang.
+
 Each child runs in its own session (``start_new_session``): a Ctrl-C in the terminal reaches only the
 supervisor, which then stops the children in order. On Linux each child also gets
 ``PR_SET_PDEATHSIG=SIGTERM``, so it stops if the supervisor is killed outright. The kernel sends that signal
@@ -24,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,6 +40,10 @@ INITIAL_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
 RESET_AFTER = 60.0
 STOP_TIMEOUT = 15.0
+LIVENESS_PERIOD = 5.0
+LIVENESS_TIMEOUT = 2.0
+LIVENESS_FAILURE_THRESHOLD = 3
+LIVENESS_INITIAL_DELAY = 30.0
 
 _PR_SET_PDEATHSIG = 1
 
@@ -96,6 +108,47 @@ class ServiceSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str] | None = None  # None: the supervisor's own environment
     cwd: str | None = None
+    health_url: str | None = None  # probed for liveness (GET, 200-399 is alive); None: not probed
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How the supervisor probes a service's ``health_url`` (the fields of a Kubernetes liveness probe)."""
+
+    period: float = LIVENESS_PERIOD
+    timeout: float = LIVENESS_TIMEOUT
+    failure_threshold: int = LIVENESS_FAILURE_THRESHOLD
+    initial_delay: float = LIVENESS_INITIAL_DELAY
+
+    def __post_init__(self) -> None:
+        if not (self.period > 0 and self.timeout > 0 and self.failure_threshold >= 1 and self.initial_delay >= 0):
+            raise ValueError(
+                f"liveness needs period > 0, timeout > 0, failure_threshold >= 1, initial_delay >= 0: {self}"
+            )
+
+
+def probe_counts(*, answered: bool, answered_since_start: bool, since_start: float, initial_delay: float) -> bool:
+    """Whether a failed probe counts towards the threshold. Pure: a service that has not answered once since it
+    (re)started gets ``initial_delay`` seconds before its failures count (it may still be importing, migrating)."""
+    return not answered and (answered_since_start or since_start >= initial_delay)
+
+
+Probe = Callable[[str, float], Awaitable[bool]]
+
+
+async def http_probe(url: str, seconds: float) -> bool:
+    """``GET url`` answered with a status 200-399 within ``seconds`` (what a Kubernetes httpGet probe
+    accepts)."""
+    import aiohttp
+
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as session,
+            session.get(url, allow_redirects=False) as response,
+        ):
+            return 200 <= response.status < 400
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -150,6 +203,11 @@ class _Child:
     last_returncode: int | None = None
     backoff: float = 0.0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    probe_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    answered: bool = False  # a liveness probe succeeded since the last (re)start
+    failures: int = 0  # liveness probes failed in a row
+    liveness_kills: int = 0
+    killed_by_liveness: bool = False
 
 
 class Supervisor:
@@ -165,6 +223,8 @@ class Supervisor:
         stop_timeout: float = STOP_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         logger: logging.Logger | None = None,
+        liveness: Liveness | None = None,
+        probe: Probe = http_probe,
     ) -> None:
         names = [spec.name for spec in services]
         if len(set(names)) != len(names):
@@ -179,6 +239,8 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._preexec = parent_death_preexec()
         self.restarts: list[Restart] = []
+        self.liveness = liveness or Liveness()
+        self._probe = probe
 
     # -- observing ------------------------------------------------------------------------------------
 
@@ -198,6 +260,10 @@ class Supervisor:
     def last_exit(self, name: str) -> str:
         return describe_exit(self._children[name].last_returncode)
 
+    def liveness_kills(self, name: str) -> int:
+        """How many times the service was killed for failing its liveness probe."""
+        return self._children[name].liveness_kills
+
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
@@ -211,6 +277,8 @@ class Supervisor:
         for child in self._children.values():
             await self._spawn(child)
             child.task = asyncio.create_task(self._watch(child), name=f"supervise:{child.spec.name}")
+            if child.spec.health_url is not None:
+                child.probe_task = asyncio.create_task(self._probe_liveness(child), name=f"liveness:{child.spec.name}")
 
     async def _spawn(self, child: _Child) -> None:
         spec = child.spec
@@ -224,6 +292,7 @@ class Supervisor:
         )
         child.started_at = self._clock()
         child.starts += 1
+        child.answered, child.failures, child.killed_by_liveness = False, 0, False
         self._log.info(
             "started %s",
             spec.name,
@@ -241,13 +310,16 @@ class Supervisor:
             uptime = self._clock() - child.started_at if child.process is not None else 0.0
             child.exits += 1
             child.last_returncode = returncode
+            reason = describe_exit(returncode)
+            if child.killed_by_liveness:
+                reason += ", its liveness probe failed"
             restart = plan_restart(
                 self._log,
                 name,
                 previous=child.backoff,
                 uptime=uptime,
                 returncode=returncode,
-                reason=describe_exit(returncode),
+                reason=reason,
                 count=child.exits,
                 initial=self.initial_backoff,
                 maximum=self.max_backoff,
@@ -265,11 +337,67 @@ class Supervisor:
                 self._log.error("cannot start %s: %s", name, exc, extra={"child": name, "error": str(exc)})
                 child.process = None
 
+    async def _probe_liveness(self, child: _Child) -> None:
+        """Probe ``child``'s health URL every period; kill its process group after ``failure_threshold`` failures in
+        a row (its watch then restarts it)."""
+        spec, live = child.spec, self.liveness
+        assert spec.health_url is not None
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), live.period)
+            process = child.process
+            if self._stopping.is_set() or process is None or process.returncode is not None:
+                continue
+            answered = await self._probe(spec.health_url, live.timeout)
+            if process is not child.process or process.returncode is not None or self._stopping.is_set():
+                continue  # it exited or was replaced meanwhile
+            counts = probe_counts(
+                answered=answered,
+                answered_since_start=child.answered,
+                since_start=self._clock() - child.started_at,
+                initial_delay=live.initial_delay,
+            )
+            if answered:
+                if not child.answered:  # from here on its failed probes count (before: its start-up grace)
+                    self._log.info(
+                        "%s answers its liveness probe",
+                        spec.name,
+                        extra={"child": spec.name, "pid": process.pid, "url": spec.health_url},
+                    )
+                child.answered, child.failures = True, 0
+                continue
+            if not counts:
+                continue
+            child.failures += 1
+            if child.failures < live.failure_threshold:
+                continue
+            child.liveness_kills += 1
+            child.killed_by_liveness = True
+            self._log.warning(
+                "%s did not answer GET %s %d times in a row (every %.1f s, %.1f s each): killing it to restart it",
+                spec.name,
+                spec.health_url,
+                child.failures,
+                live.period,
+                live.timeout,
+                extra={
+                    "child": spec.name,
+                    "pid": process.pid,
+                    "url": spec.health_url,
+                    "failures": child.failures,
+                    "liveness_kills": child.liveness_kills,
+                },
+            )
+            child.failures = 0
+            _kill_group(process.pid)
+
     async def stop(self, order: Sequence[str] | None = None) -> None:
         """Stop restarting, then SIGTERM each service in ``order`` (default: reverse start order) and wait for
         it up to ``stop_timeout`` before SIGKILL. Services missing from ``order`` are stopped last. Idempotent."""
         self._stopping.set()
-        tasks = [child.task for child in self._children.values() if child.task is not None]
+        tasks = [
+            task for child in self._children.values() for task in (child.task, child.probe_task) if task is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -286,6 +414,7 @@ class Supervisor:
             self._log.info("stopping %s", name, extra={"child": name, "pid": process.pid})
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGCONT)  # a stopped (SIGSTOP) process handles SIGTERM only once continued
             try:
                 await asyncio.wait_for(process.wait(), self.stop_timeout)
             except TimeoutError:

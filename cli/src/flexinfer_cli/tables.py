@@ -7,7 +7,7 @@ Everything here is pure: a decoded JSON answer in, read through the API's own bo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -71,6 +71,13 @@ def parse_kind(value: str) -> Kind:
     return kind
 
 
+def one_line(text: str, limit: int = 120) -> str:
+    """A message on one line for a table (a log tail spans many): whitespace runs folded, cut at ``limit``
+    characters with an ellipsis; ``describe`` and ``-o yaml`` keep the full text."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def cell(value: Any) -> str:
     if value is None or value == "":
         return NONE
@@ -122,7 +129,9 @@ def model_wide(item: Model) -> Row:
         cell(status.preempted_by if status else None),
         cell(",".join(item.spec.service_labels)),
         cell(item.spec.backend),
-        cell(status.message if status else None),
+        NONE,  # REQUESTS: the proxy's count of requests waiting, filled in by table_row when it was read
+        cell(status.restarts if status else None),
+        cell(one_line(status.message) if status else None),
     ]
 
 
@@ -139,11 +148,25 @@ def group_row(item: Group) -> Row:
     ]
 
 
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f}Gi"
+
+
 def group_wide(item: Group) -> Row:
+    """The members, the lease, and for a group with a capacity the models it holds and each device's memory used
+    of its capacity (``0:11.0Gi/24.0Gi``)."""
+    resident = ",".join(f"{m.namespace}/{m.name}" for m in item.resident_models) if item.resident_models else None
+    memory = (
+        " ".join(f"{d.index}:{_gib(d.used_bytes)}/{_gib(d.used_bytes + d.free_bytes)}" for d in item.devices)
+        if item.devices
+        else None
+    )
     return [
         cell(",".join(f"{m.namespace}/{m.name}" for m in item.models)),
         cell(item.lease.owner if item.lease else None),
         _time(item.lease.expires_at if item.lease else None),
+        cell(resident),
+        cell(memory),
     ]
 
 
@@ -154,7 +177,14 @@ def lease_row(item: Lease) -> Row:
 def lease_wide(item: Lease) -> Row:
     ttl = format_seconds(item.ttl_seconds) if item.ttl_seconds is not None else NONE
     phase = item.phase.value if item.phase is not None else None
-    return [cell(phase), ttl, _time(item.acquired_at), _time(item.renew_time), cell(item.source), cell(item.message)]
+    return [
+        cell(phase),
+        ttl,
+        _time(item.acquired_at),
+        _time(item.renew_time),
+        cell(item.source),
+        cell(one_line(item.message)),
+    ]
 
 
 def queue_row(item: QueueInfo) -> Row:
@@ -181,11 +211,12 @@ def swap_row(item: Swap) -> Row:
         _time(item.started_at),
         duration,
         phase_text,
+        cell(item.outcome or ("running" if item.finished_at is None else None)),
     ]
 
 
 def swap_wide(item: Swap) -> Row:
-    return [cell(item.id), cell(item.phase), _time(item.finished_at), cell(item.message)]
+    return [cell(item.id), cell(item.phase), _time(item.finished_at), cell(one_line(item.message or ""))]
 
 
 Item = Model | Group | Lease | QueueInfo | Swap
@@ -234,7 +265,7 @@ VIEWS: dict[Kind, KindView] = {
         path="/api/v1/models",
         headers=("NAME", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LAST_ACTIVE"),
         row=model_row,
-        wide_headers=("PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "MESSAGE"),
+        wide_headers=("PREEMPTED_BY", "SERVICE_LABELS", "BACKEND", "REQUESTS", "RESTARTS", "MESSAGE"),
         wide=model_wide,
         answer=ModelList,
         item=Model,
@@ -252,7 +283,7 @@ VIEWS: dict[Kind, KindView] = {
         path="/api/v1/groups",
         headers=("NAME", "POLICY", "ACTIVE", "STATE", "COOLDOWN", "LEASE"),
         row=group_row,
-        wide_headers=("MODELS", "LEASE_OWNER", "LEASE_EXPIRES"),
+        wide_headers=("MODELS", "LEASE_OWNER", "LEASE_EXPIRES", "RESIDENT", "MEMORY"),
         wide=group_wide,
         answer=GroupList,
         item=Group,
@@ -299,7 +330,7 @@ VIEWS: dict[Kind, KindView] = {
         singular="swap",
         service=Service.SCHEDULER,
         path="/api/v1/swaps",
-        headers=("GROUP", "FROM", "TO", "REASON", "STARTED", "DURATION", "PHASES"),
+        headers=("GROUP", "FROM", "TO", "REASON", "STARTED", "DURATION", "PHASES", "OUTCOME"),
         row=swap_row,
         wide_headers=("ID", "PHASE", "FINISHED", "MESSAGE"),
         wide=swap_wide,
@@ -360,10 +391,23 @@ def table_headers(kind: Kind, *, wide: bool, all_namespaces: bool) -> tuple[str,
     return (*namespace, *view.headers, *(view.wide_headers if wide else ()))
 
 
-def table_row(kind: Kind, item: Any, *, wide: bool, all_namespaces: bool) -> Row:
+def table_row(
+    kind: Kind,
+    item: Any,
+    *,
+    wide: bool,
+    all_namespaces: bool,
+    waiting: Mapping[tuple[str, str], int] | None = None,
+) -> Row:
+    """``waiting``: requests waiting per (namespace, model) at the proxy, for the REQUESTS column of
+    ``get models -o wide`` (``<none>`` when the proxy could not be read)."""
     view = VIEWS[kind]
     namespace = [cell(view.namespace_of(item))] if view.namespaced and all_namespaces else []
-    return [*namespace, *view.row(item), *(view.wide(item) if wide else [])]
+    row = [*namespace, *view.row(item), *(view.wide(item) if wide else [])]
+    if wide and kind is Kind.MODELS and waiting is not None:
+        at = len(namespace) + len(view.headers) + view.wide_headers.index("REQUESTS")
+        row[at] = str(waiting.get((view.namespace_of(item), view.name_of(item)), 0))
+    return row
 
 
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:

@@ -1,4 +1,5 @@
-"""``flexinfer apply -f FILE``: create or update resources through the admin APIs (see :mod:`flexinfer_cli.apply`)."""
+"""``flexinfer apply -f FILE``: create or update resources through the admin APIs (the work is in
+:mod:`flexinfer_cli.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from flexinfer_cli.config import Service, default_namespace
 @app.command()
 def apply(file: Files, scheduler_url: SchedulerUrl = None, lease_manager_url: LeaseManagerUrl = None) -> None:
     """Create or update the resources in FILE (Model, GPUGroup, GPULease) through the admin APIs."""
-    from flexinfer_cli.apply import ApiCall, execute_plan, plan_apply, read_manifests
+    from flexinfer_cli.apply_plan import ApiCall, execute_plan, plan_apply, read_manifests
 
     if not file:
         fail("give the manifests with -f FILE", ExitCode.USAGE)

@@ -1,4 +1,5 @@
-"""``flexinfer delete -f FILE`` / ``flexinfer delete KIND NAME...``."""
+"""``flexinfer delete -f FILE`` / ``flexinfer delete KIND NAME...`` (the work is in
+:mod:`flexinfer_cli.delete_plan`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flexinfer_cli.apply import read_manifests
+from flexinfer_cli.apply_plan import read_manifests
 from flexinfer_cli.cli import (
     ExitCode,
     Files,
@@ -23,7 +24,7 @@ from flexinfer_cli.cli import (
 from flexinfer_cli.client import CliError
 from flexinfer_cli.completion import complete_kind, complete_name
 from flexinfer_cli.config import Service, default_namespace
-from flexinfer_cli.deleting import DeleteResult, NotDeletable, execute_deletes, plan_delete, plan_delete_resources
+from flexinfer_cli.delete_plan import DeleteResult, NotDeletable, execute_deletes, plan_delete, plan_delete_resources
 from flexinfer_cli.tables import parse_kind
 
 

@@ -1,4 +1,5 @@
-"""``flexinfer demand MODEL``: signal demand on NATS, as any external producer may."""
+"""``flexinfer demand MODEL``: signal demand on NATS, as any external producer may (the work is in
+:mod:`flexinfer_cli.demand_signal`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def demand(
     nats: NatsUrl = None,
 ) -> None:
     """Signal demand for MODEL on NATS, as any external producer may."""
-    from flexinfer_cli.demand import publish_demand
+    from flexinfer_cli.demand_signal import publish_demand
 
     ref = model_argument(model, namespace)
     subject = run(publish_demand(nats_url(nats), ref, queued=queued, source=source))

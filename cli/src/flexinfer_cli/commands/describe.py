@@ -1,4 +1,6 @@
-"""``flexinfer describe model NAME``: spec, status, the model's group, its recent swaps and events."""
+"""``flexinfer describe model NAME``: spec, status, the model's group, its recent swaps and events;
+``flexinfer describe group NAME``: the group's election and why, each member's reasoning, its recent swaps.
+The pages are written by :mod:`flexinfer_cli.descriptions`."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from flexinfer_cli.cli import (
 from flexinfer_cli.client import AdminClient, ApiError
 from flexinfer_cli.completion import complete_kind, complete_name
 from flexinfer_cli.config import Service, admin_token, nats_url
-from flexinfer_cli.describing import Events, describe_model
+from flexinfer_cli.descriptions import Events, describe_group, describe_model
 from flexinfer_cli.tables import VIEWS, Kind, UnexpectedAnswer, item_of, items_of, parse_kind
 from flexinfer_common.admin_api import Group
 from flexinfer_common.durations import parse_duration
@@ -30,7 +32,10 @@ from flexinfer_common.manifests import Model
 
 @app.command()
 def describe(
-    kind: Annotated[str, typer.Argument(metavar="KIND", help="model (also model/NAME)", autocompletion=complete_kind)],
+    kind: Annotated[
+        str,
+        typer.Argument(metavar="KIND", help="model or group (also model/NAME)", autocompletion=complete_kind),
+    ],
     name: Annotated[
         str | None,
         typer.Argument(metavar="NAME", help="NAME or NAMESPACE/NAME", show_default=False, autocompletion=complete_name),
@@ -43,15 +48,26 @@ def describe(
     scheduler_url: SchedulerUrl = None,
     nats: NatsUrl = None,
 ) -> None:
-    """Show one model: its spec and status, its group, its recent swaps and events (read from NATS)."""
+    """Show one model (its spec and status, its group, its recent swaps and events, read from NATS) or one group
+    (its scheduling policy, the election's leader and reason, and why each member holds the GPU or waits)."""
     text, slash, rest = kind.partition("/")
     try:
         parsed = parse_kind(text)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="KIND") from None
-    if parsed is not Kind.MODELS:
-        raise typer.BadParameter(f"describe shows models (not {parsed.value}): try `flexinfer get {parsed.value}`")
+    if parsed not in (Kind.MODELS, Kind.GROUPS):
+        raise typer.BadParameter(
+            f"describe shows models and groups (not {parsed.value}): try `flexinfer get {parsed.value}`"
+        )
     given = rest if slash else name
+    if parsed is Kind.GROUPS:
+        if not given or (slash and name):
+            raise typer.BadParameter("give the group as NAME or group/NAME", param_hint="NAME")
+        try:
+            typer.echo(run(_describe_group(given, resolve_url(Service.SCHEDULER, scheduler_url))))
+        except UnexpectedAnswer as exc:
+            fail(str(exc))
+        return
     if not given or (slash and name):
         raise typer.BadParameter("give the model as NAME, NAMESPACE/NAME or model/NAME", param_hint="NAME")
     ref = model_argument(given, namespace)
@@ -95,3 +111,15 @@ def describe(
         typer.echo(run(go()))
     except UnexpectedAnswer as exc:
         fail(str(exc))
+
+
+async def _describe_group(name: str, url: str) -> str:
+    async with AdminClient(Service.SCHEDULER, url, token=admin_token()) as client:
+        try:
+            group = Group.model_validate(await client.get(f"/api/v1/groups/{name}"))
+        except ApiError as exc:
+            if exc.status == 404:
+                fail(f'group "{name}" not found')
+            raise
+        swaps = items_of(Kind.SWAPS, await client.get("/api/v1/swaps?limit=200"))
+    return describe_group(group, swaps=swaps, now=datetime.now(UTC))

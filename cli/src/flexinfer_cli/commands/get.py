@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from flexinfer_cli.cli import (
     AllNamespaces,
@@ -28,6 +29,7 @@ from flexinfer_cli.cli import (
     resolve_url,
     run,
 )
+from flexinfer_cli.client import CliError
 from flexinfer_cli.completion import complete_kind, complete_name
 from flexinfer_cli.config import Service
 from flexinfer_cli.tables import (
@@ -47,6 +49,7 @@ from flexinfer_cli.tables import (
     table_row,
 )
 from flexinfer_cli.watching import Snapshot, watch
+from flexinfer_common.admin_api import QueueList
 
 
 def kind_and_names(kind: str, names: Sequence[str]) -> tuple[Kind, list[str]]:
@@ -67,6 +70,17 @@ def where(view: KindView, selection: Selection) -> str:
     return " in any namespace" if selection.namespace is None else f" in namespace {selection.namespace}"
 
 
+async def requests_waiting(proxy: str) -> dict[tuple[str, str], int] | None:
+    """Requests waiting per model at the proxy (``GET /api/v1/queues``); None when it cannot be read (the
+    REQUESTS column then says ``<none>``, and the rest of the table is printed)."""
+    try:
+        payload = await call(Service.PROXY, proxy, lambda client: client.get("/api/v1/queues"))
+        queues = QueueList.model_validate(payload)
+    except (CliError, ValidationError):
+        return None
+    return {(q.namespace, q.model): q.queued for q in queues.items}
+
+
 class Printer:
     """Prints a ``get``'s objects in the chosen format; with ``--watch``, one poll's changes at a time."""
 
@@ -76,13 +90,17 @@ class Printer:
         self.all_namespaces = all_namespaces
         self.headers = headers
         self.widths: list[int] | None = None
+        self.waiting: dict[tuple[str, str], int] | None = None  # get models -o wide: the proxy's queues
 
     @property
     def wide(self) -> bool:
         return self.output is OutputFormat.WIDE
 
     def rows(self, items: Sequence[Any]) -> list[list[str]]:
-        return [table_row(self.kind, i, wide=self.wide, all_namespaces=self.all_namespaces) for i in items]
+        return [
+            table_row(self.kind, i, wide=self.wide, all_namespaces=self.all_namespaces, waiting=self.waiting)
+            for i in items
+        ]
 
     def table(self, items: Sequence[Any], *, first: bool) -> None:
         rows = self.rows(items)
@@ -155,6 +173,8 @@ def get(
     printer = Printer(parsed, output, all_namespaces=all_namespaces and view.namespaced, headers=not no_headers)
 
     async def fetch() -> list[Any]:
+        if parsed is Kind.MODELS and output is OutputFormat.WIDE:
+            printer.waiting = await requests_waiting(resolve_url(Service.PROXY, proxy_url))
         payload = await call(view.service, url, lambda client: client.get(view.path))
         try:
             return select(parsed, items_of(parsed, payload), selection)

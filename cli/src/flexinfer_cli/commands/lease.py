@@ -1,5 +1,5 @@
 """``flexinfer lease acquire|renew|release|run``: GPU leases through the lease manager's API (the work is in
-:mod:`flexinfer_cli.lease`)."""
+:mod:`flexinfer_cli.gpu_lease`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ LeaseNode = Annotated[str | None, typer.Option("--node", help="The node the work
 
 
 def _lease_run(coro: Coroutine[Any, Any, T]) -> T:
-    from flexinfer_cli.lease import LeaseUsageError
+    from flexinfer_cli.gpu_lease import LeaseUsageError
 
     try:
         return asyncio.run(coro)
@@ -63,7 +63,7 @@ def lease_acquire(
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """Park the group's serving models until the lease is released or expires."""
-    from flexinfer_cli.lease import acquire, default_owner, lease_body, lease_line, parse_interval, parse_ttl
+    from flexinfer_cli.gpu_lease import acquire, default_owner, lease_body, lease_line, parse_interval, parse_ttl
 
     def options() -> tuple[dict[str, Any], float | None]:
         ttl_seconds = parse_ttl(ttl) if ttl is not None else None
@@ -94,7 +94,7 @@ def lease_renew(
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """Move the lease's expiry to now + its TTL (or a new --ttl)."""
-    from flexinfer_cli.lease import lease_line, lease_path, parse_ttl
+    from flexinfer_cli.gpu_lease import lease_line, lease_path, parse_ttl
 
     async def go() -> Any:
         body: dict[str, Any] = {}
@@ -120,7 +120,7 @@ def lease_release(
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """Release a lease: the group's serving models may run again."""
-    from flexinfer_cli.lease import lease_path
+    from flexinfer_cli.gpu_lease import lease_path
 
     url = resolve_url(Service.LEASE_MANAGER, lease_manager_url)
     path = lease_path(name) + (f"?owner={quote(owner, safe='')}" if owner is not None else "")
@@ -148,7 +148,7 @@ def lease_run(
 ) -> None:
     """Hold a lease on GROUP for the life of COMMAND: wait until the group's models are parked, run COMMAND, renew
     the lease while it runs, release it however COMMAND ends. Exits with COMMAND's exit code."""
-    from flexinfer_cli.lease import default_owner, lease_body, parse_interval, parse_ttl, run_with_lease
+    from flexinfer_cli.gpu_lease import default_owner, lease_body, parse_interval, parse_ttl, run_with_lease
 
     async def go() -> int:
         ttl_seconds = parse_ttl(ttl)

@@ -1,5 +1,5 @@
 """``flexinfer simulate TRACE``: replay a request trace through the real election on a virtual clock (the work is in
-:mod:`flexinfer_cli.simulate`; see docs/simulate.md)."""
+:mod:`flexinfer_cli.simulation`; see docs/simulate.md)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,27 @@ def simulate(
             "waiting requests of another priority (default: off, as the scheduler).",
         ),
     ] = None,
+    one_at_a_time: Annotated[
+        bool,
+        typer.Option(
+            "--one-at-a-time",
+            help="Ignore the trace's capacity line: one model on the GPU at a time, as a group without "
+            "spec.capacity (to compare with and without models side by side).",
+        ),
+    ] = False,
     output: Output = OutputFormat.TABLE,
 ) -> None:
     """Replay a request trace through the real election and swap code on a virtual clock, once per policy, and
     compare swaps, GPU time, queue waits, 429/504 answers and the longest wait (see docs/simulate.md)."""
-    from flexinfer_cli.simulate import ALL_POLICIES, Settings, TraceError, as_json, load_trace, render_svg, render_table
+    from flexinfer_cli.simulation import (
+        ALL_POLICIES,
+        Settings,
+        TraceError,
+        as_json,
+        load_trace,
+        render_svg,
+        render_table,
+    )
     from flexinfer_common.durations import parse_duration
 
     chosen = policy or list(ALL_POLICIES)
@@ -50,9 +66,10 @@ def simulate(
         fail(str(exc), ExitCode.USAGE)
     except OSError as exc:
         fail(f"cannot read {trace}: {exc.strerror or exc}", ExitCode.USAGE)
-    from flexinfer_cli.simulate import simulate as run_simulation
+    from flexinfer_cli.simulation import simulate as run_simulation
 
-    comparison = run_simulation(data, chosen, Settings(queue_timeout=timeout, queue_max=queue_max, quiet_yield=quiet))
+    settings = Settings(queue_timeout=timeout, queue_max=queue_max, quiet_yield=quiet, one_at_a_time=one_at_a_time)
+    comparison = run_simulation(data, chosen, settings)
     if output is OutputFormat.JSON:
         print_json(as_json(comparison))
     else:

@@ -1,4 +1,4 @@
-"""``flexinfer up [-f FILE]``: the whole system on this machine (see :mod:`flexinfer_cli.up`)."""
+"""``flexinfer up [-f FILE]``: the whole system on this machine (the work is in :mod:`flexinfer_cli.local_system`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def up(
     With --kubeconfig the actuator drives that cluster instead of local processes.
     Ctrl-C stops everything it started (twice: kill at once).
     """
-    from flexinfer_cli.up import UpOptions, run_up
+    from flexinfer_cli.local_system import UpOptions, run_up
     from flexinfer_common.logs import configure_logging
 
     level = os.environ.get("FLEXINFER_LOG_LEVEL", "INFO").upper()

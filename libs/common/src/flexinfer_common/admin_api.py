@@ -1,4 +1,4 @@
-"""The bodies of the admin APIs (CONTRACT section 4), as pydantic models shared by the services (their
+"""The bodies of the admin APIs (docs/reference.md section 4), as pydantic models shared by the services (their
 ``response_model``, so ``/openapi.json`` documents every body) and the CLI (which reads answers through them)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flexinfer_common.enums import LeasePhase
-from flexinfer_common.manifests import Model
+from flexinfer_common.manifests import MAX_DURATION_SECONDS, KubeName, Model
 
 
 class _Body(BaseModel):
@@ -33,6 +33,13 @@ class GroupLease(_Body):
     expires_at: datetime | None = Field(None, alias="expiresAt")
 
 
+class MemberRequests(_Body):
+    """One member's requests as the scheduler counts them (summed over the proxies)."""
+
+    waiting: int = 0
+    in_flight: int = Field(0, alias="inFlight")
+
+
 class GroupMember(_Body):
     namespace: str
     name: str
@@ -43,6 +50,41 @@ class GroupMember(_Body):
     last_active_time: datetime | None = Field(None, alias="lastActiveTime")
     preempted_at: datetime | None = Field(None, alias="preemptedAt")
     preempted_by: str | None = Field(None, alias="preemptedBy")
+    message: str | None = Field(None, description="The member's status.message: what it waits for, until when")
+    requests: MemberRequests | None = None
+    memory: MemberMemory | None = Field(None, description="A group with a capacity: what the model holds when loaded")
+    placement: Placement | None = Field(None, description="A group with a capacity: the devices it holds now")
+
+
+class MemberMemory(_Body):
+    bytes: int
+    source: Literal["declared", "estimated", "whole-device"] = Field(
+        description="declared (spec.gpu.memory), estimated (from the size of local weights at spec.source: 1.2 x "
+        "the weights + 512 MiB), or whole-device (neither: the model takes a device)"
+    )
+
+
+class Placement(_Body):
+    devices: list[int]
+
+
+class GroupCapacity(_Body):
+    devices: int
+    memory_per_device: int = Field(alias="memoryPerDevice")
+
+
+class DeviceUse(_Body):
+    index: int
+    used_bytes: int = Field(alias="usedBytes", description="Memory of its models not confirmed parked")
+    free_bytes: int = Field(alias="freeBytes")
+    models: list[ModelRef] = Field(default_factory=list)
+
+
+class GroupElection(_Body):
+    """Why the leader leads, as the election decides at the time of the answer."""
+
+    leader: ModelRef | None = None
+    reason: str = Field(examples=["cooldown"])
 
 
 class Group(_Body):
@@ -50,11 +92,20 @@ class Group(_Body):
 
     name: str
     policy: Literal["v1alpha2", "v1alpha1"]
+    scheduling: Literal["flexinfer", "seed"] | None = Field(
+        None,
+        description="A v1alpha2 group's election: its GPUGroup's spec.scheduling, else FLEXINFER_SCHEDULING_POLICY; "
+        "none for a v1alpha1 group",
+    )
+    election: GroupElection | None = None
     active_model: ModelRef | None = Field(None, alias="activeModel")
     state: str = Field(examples=["Serving"], description="Idle, Loading, Serving, Swapping or Leased")
     cooldown_remaining_seconds: float = Field(0.0, alias="cooldownRemainingSeconds")
     lease: GroupLease | None = None
     models: list[GroupMember] = Field(default_factory=list)
+    capacity: GroupCapacity | None = Field(None, description="Its GPUGroup's spec.capacity (none: one model at a time)")
+    devices: list[DeviceUse] | None = None
+    resident_models: list[ModelRef] | None = Field(None, alias="residentModels", description="The models it holds")
 
 
 class GroupList(_Body):
@@ -73,7 +124,10 @@ class Swap(_Body):
     started_at: datetime | None = Field(None, alias="startedAt")
     finished_at: datetime | None = Field(None, alias="finishedAt")
     phases: dict[str, float] = Field(default_factory=dict)
-    message: str | None = None
+    outcome: Literal["ready", "failed", "aborted"] | None = Field(
+        None, description="How the swap ended (null while it runs): ready, failed (its model did not load), aborted"
+    )
+    message: str | None = Field(None, description="Why it failed or was aborted")
 
 
 class SwapList(_Body):
@@ -106,12 +160,16 @@ class _Request(BaseModel):
 class LeaseAcquire(_Request):
     """``POST /api/v1/leases``: take a group's GPU."""
 
-    group: str = Field(description="The shared GPU group to hold (a Model's spec.gpu.shared, or a GPUGroup)")
+    group: KubeName = Field(description="The shared GPU group to hold (a Model's spec.gpu.shared, or a GPUGroup)")
     owner: str = Field(description="Who holds it; the group's models show preemptedBy gpu-lease/<owner>")
-    node: str | None = Field(None, description="The node the work runs on (shown, not enforced)")
+    node: KubeName | None = Field(None, description="The node the work runs on (shown, not enforced)")
     ttl_seconds: int | None = Field(
-        None, alias="ttlSeconds", description="Seconds it holds without a renewal (min 60); default 1h"
+        None,
+        alias="ttlSeconds",
+        le=MAX_DURATION_SECONDS,
+        description="Seconds it holds without a renewal (min 60, at most 30 days); default 1h",
     )
+    # (the lease's own name and namespace are checked by the lease manager, code invalid_lease)
     name: str | None = Field(None, description="The lease's name; default <owner>-gpu-lease")
     namespace: str | None = Field(None, description="Where its GPULease lives in Kubernetes mode")
 
@@ -120,7 +178,12 @@ class LeaseRenewal(_Request):
     """``POST /api/v1/leases/{name}/renew``: ``expiresAt`` = now + the TTL (a new one when given)."""
 
     owner: str | None = Field(None, description="When given, the lease must be this owner's")
-    ttl_seconds: int | None = Field(None, alias="ttlSeconds", description="A new TTL (min 60), from now on")
+    ttl_seconds: int | None = Field(
+        None,
+        alias="ttlSeconds",
+        le=MAX_DURATION_SECONDS,
+        description="A new TTL (min 60, at most 30 days), from now on",
+    )
 
 
 class LeaseList(_Body):

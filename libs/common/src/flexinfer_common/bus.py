@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import BadSubjectError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -33,7 +34,8 @@ from pydantic import BaseModel, ValidationError
 from flexinfer_common import subjects
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import encode, message_id
-from flexinfer_common.metrics import BAD_MESSAGES
+from flexinfer_common.metrics import BAD_MESSAGES, UNPUBLISHABLE
+from flexinfer_common.nats_auth import NatsAuth, redact_url, url_user
 
 log = get_logger("flexinfer.bus")
 
@@ -100,6 +102,10 @@ class _Acks:
         self.sent = 0
         self.received = 0
         self._progress = asyncio.Event()
+
+    def refuse(self, index: int) -> None:
+        """Item ``index`` could not be sent at all (it waits for no ack)."""
+        self.results[index] = False
 
     def waiting(self) -> int:
         return self.sent - self.received
@@ -318,6 +324,11 @@ class Consumer(Generic[M]):
         await _quietly(msg.ack())
 
 
+def _is_auth_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "authorization violation" in text or ("authentication" in text and "fail" in text)
+
+
 async def _quietly(awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
@@ -328,9 +339,10 @@ async def _quietly(awaitable: Awaitable[Any]) -> None:
 class Bus:
     """A connection to NATS with JetStream. ``await connect()`` then ``ensure_streams()`` once at start."""
 
-    def __init__(self, url: str, *, name: str) -> None:
+    def __init__(self, url: str, *, name: str, auth: NatsAuth | None = None) -> None:
         self.url = url
         self.name = name
+        self.auth = auth or NatsAuth()
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._consumers: list[Consumer[Any]] = []
@@ -353,9 +365,16 @@ class Bus:
         return self._nc is not None and self._nc.is_connected
 
     async def connect(self, *, wait: float = 30.0) -> None:
-        """Connect, retrying for up to ``wait`` seconds at start; later drops reconnect forever."""
+        """Connect, retrying for up to ``wait`` seconds at start; later drops reconnect forever. Credentials the
+        server refuses stop the start at once (retrying them cannot help), with a message that names the user."""
+        refused = asyncio.Event()
 
         async def on_error(exc: Exception) -> None:
+            if _is_auth_error(exc):
+                if not refused.is_set():
+                    log.error("nats refused our credentials", extra={"error": repr(exc), "user": self._who()})
+                refused.set()
+                return
             log.warning("nats error", extra={"error": repr(exc)})
 
         async def on_disconnect() -> None:
@@ -366,13 +385,16 @@ class Bus:
                 log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
+            refused.clear()
             log.info("nats reconnected")
 
         self._closing = False
-        deadline = asyncio.get_running_loop().time() + wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        options = self.auth.connect_options(self.url)
         while True:
-            try:
-                self._nc = await nats.connect(
+            attempt = asyncio.ensure_future(
+                nats.connect(
                     servers=[u.strip() for u in self.url.split(",")],
                     name=self.name,
                     connect_timeout=2,
@@ -382,20 +404,52 @@ class Bus:
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnect,
+                    **options,
                 )
+            )
+            watch = asyncio.ensure_future(refused.wait())
+            await asyncio.wait(
+                {attempt, watch}, timeout=max(0.0, deadline - loop.time()) + 1.0, return_when="FIRST_COMPLETED"
+            )
+            watch.cancel()
+            if attempt.done() and attempt.exception() is None:
+                self._nc = attempt.result()
                 break
-            except Exception as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ConnectionError(f"cannot reach NATS at {self.url}: {exc!r}") from None
-                await asyncio.sleep(0.3)
+            failure = attempt.exception() if attempt.done() else None
+            if not attempt.done():
+                attempt.cancel()
+                with contextlib.suppress(BaseException):
+                    await attempt
+            if refused.is_set() or (failure is not None and _is_auth_error(failure)):
+                who = self._who()
+                raise ConnectionError(
+                    f"NATS at {redact_url(self.url)} refused "
+                    + (f"the credentials of {who!r}" if who else "a connection without credentials")
+                    + " (FLEXINFER_NATS_USER/_PASSWORD, _CREDS or _NKEY)"
+                ) from None
+            if loop.time() > deadline:
+                raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {failure!r}") from None
+            await asyncio.sleep(0.3)
         self._js = self._nc.jetstream(timeout=5)
 
-    async def ensure_streams(self) -> None:
+    def _who(self) -> str | None:
+        return self.auth.user or url_user(self.url) or self.auth.creds_file or self.auth.nkey_file
+
+    async def ensure_streams(self, *, owner: bool = True) -> None:
+        """Create the streams that are missing. The ``owner`` (the scheduler) also brings an existing stream's
+        configuration up to date; the others may only create them (the bus's permissions refuse them an update,
+        see :mod:`flexinfer_common.nats_auth`) and leave a stream that differs as it is."""
         for config in STREAMS:
             try:
                 await self.js.add_stream(config)
-            except BadRequestError:
-                await self.js.update_stream(config)
+            except BadRequestError as exc:
+                if owner:
+                    await self.js.update_stream(config)
+                else:
+                    log.info(
+                        "stream exists with another configuration; its owner updates it",
+                        extra={"stream": config.name, "error": exc.description},
+                    )
 
     async def routes(self) -> KeyValue:
         """The routes KV bucket, created when missing."""
@@ -466,14 +520,22 @@ class Bus:
             publish = self.nc.publish
             for index, (subject, message, msg_id) in enumerate(items):
                 payload = message if isinstance(message, bytes) else encode(message)
-                if index in unacked:
-                    await publish(subject, payload)
+                try:
+                    if index in unacked:
+                        await publish(subject, payload)
+                        continue
+                    if acks.waiting() >= MAX_ACKS_PENDING:
+                        await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
+                    await publish(
+                        subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
+                    )
+                except BadSubjectError:
+                    # One message whose subject cannot be sent (whitespace, CR/LF) fails alone: the rest of the
+                    # batch (a park command among them) still goes out.
+                    acks.refuse(index)
+                    UNPUBLISHABLE.inc()
+                    log.error("message not published: its subject is invalid", extra={"subject": repr(subject)[:200]})
                     continue
-                if acks.waiting() >= MAX_ACKS_PENDING:
-                    await acks.wait(below=MAX_ACKS_PENDING // 2, deadline=deadline)
-                await publish(
-                    subject, payload, reply=f"{inbox}.{index}", headers={"Nats-Msg-Id": msg_id} if msg_id else None
-                )
                 acks.sent += 1
             await acks.wait(below=1, deadline=deadline)
         finally:

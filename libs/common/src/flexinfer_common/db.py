@@ -37,7 +37,7 @@ class ModelRow(Base):
     group_name: Mapped[str | None] = mapped_column(String(253), index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     spec_generation: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    # status (CONTRACT section 1)
+    # status (docs/reference.md section 1)
     phase: Mapped[str] = mapped_column(String(32), default="Pending", server_default="Pending")
     last_active_time: Mapped[datetime | None]
     shared_state: Mapped[str | None] = mapped_column(String(32))
@@ -45,6 +45,8 @@ class ModelRow(Base):
     preempted_at: Mapped[datetime | None]
     preempted_by: Mapped[str | None] = mapped_column(Text)
     message: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # how often its server crashed after it was Ready (each is restarted): status.restarts
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # what the actuator last reported
     runtime_phase: Mapped[str | None] = mapped_column(String(32))
     runtime_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -62,12 +64,34 @@ class ModelRow(Base):
     promoted_at: Mapped[datetime | None]
     # since when the model has wanted the GPU without interruption (hysteresis delay, bounded wait)
     demand_since: Mapped[datetime | None]
+    # a group with a capacity: the devices the model was placed on ("0,1"; NULL: not placed), and since when it is
+    # being evicted to make room for another
+    placement: Mapped[str | None] = mapped_column(String(64))
+    evicting_since: Mapped[datetime | None]
     # where the manifest comes from: "api" (the admin API, local mode) or "kubernetes" (the actuator's spec sync)
     source: Mapped[str] = mapped_column(String(32), default="api", server_default="api")
     source_observed_at: Mapped[datetime | None]
     observed_generation: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
     updated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+    # deleted (the deletion timestamp): the model is parked as for a swap, and its row goes once it is confirmed
+    deleting_at: Mapped[datetime | None]
+    # the group a membership change from Kubernetes (a GPUGroup, or spec.gpu.shared) moves the model to: it stays
+    # in group_name, left out of its election, until it is confirmed parked there, and then moves (never two groups
+    # scheduling one loaded model)
+    moving_to: Mapped[str | None] = mapped_column(String(253))
+
+
+class CommandGenerationRow(Base):
+    """The highest command generation a model was given, kept after its row is deleted: a model applied again
+    continues from it, so the actuator (which remembers the last generation it applied) never takes its commands
+    for stale ones."""
+
+    __tablename__ = "command_generations"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class GroupRow(Base):
@@ -142,6 +166,8 @@ class DemandSignalRow(Base):
     source: Mapped[str] = mapped_column(String(253), primary_key=True)
     queued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     time: Mapped[datetime]
+    # until when ``queued`` stands without a newer message (the message's validFor); NULL: the scheduler's TTL
+    valid_until: Mapped[datetime | None]
 
 
 class InFlightRow(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -25,9 +26,14 @@ def parse_duration(value: str | int | float | timedelta) -> timedelta:
             seconds = float(text)
         except ValueError:
             seconds = _parse_go(text)
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration must be finite: {value!r}")
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"duration too long: {value!r}") from None
 
 
 def _parse_go(text: str) -> float:

@@ -29,6 +29,13 @@ class GroupPolicy(StrEnum):
     V1ALPHA1 = "v1alpha1"
 
 
+class SchedulingPolicy(StrEnum):
+    """How a v1alpha2 group picks its holder: FlexInfer's own policy (the default) or the seed's exact election."""
+
+    FLEXINFER = "flexinfer"
+    SEED = "seed"
+
+
 class ScaleAction(StrEnum):
     ACTIVATE = "activate"
     PARK = "park"
@@ -59,9 +66,11 @@ class SwapReason(StrEnum):
     FALLBACK = "fallback"
     FORCE_PROMOTION = "force-promotion"
     IDLE_TIMEOUT = "idle-timeout"
+    IDLE = "idle"  # FlexInfer's policy: the holder was quiet and another model's wait was worth a load
     LEASE = "gpu-lease"
     INITIAL = "initial"
     RECOVERY = "recovery"
+    GROUP_CHANGE = "group-change"  # the holder was moved to another group (from Kubernetes): parked here first
 
 
 class LeasePhase(StrEnum):

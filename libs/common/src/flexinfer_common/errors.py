@@ -2,24 +2,18 @@
 ``code`` (the OpenAI style the proxy answers with), JSON even for an unhandled exception, and ``401`` with
 ``WWW-Authenticate: Bearer``.
 
-:class:`ApiError` is what a handler raises; :func:`install_error_handlers` makes a FastAPI app answer every error
-(its own, Starlette's routing errors, request validation, and any exception) in this shape, and
-:data:`ERROR_RESPONSES` documents the shape in the app's OpenAPI.
+:class:`ApiError` is what a handler raises; :func:`flexinfer_common.service.install_error_handlers` makes a
+FastAPI app answer every error (its own, Starlette's routing errors, request validation, and any exception) in this
+shape, and :data:`ERROR_RESPONSES` documents the shape in the app's OpenAPI. The proxy's answers share the types and
+codes (``ErrorType``, ``ErrorCode``). Pure: the proxy's domain reads it.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
-
-from flexinfer_common.logs import get_logger
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-log = get_logger("flexinfer.errors")
 
 
 class ErrorType(StrEnum):
@@ -30,15 +24,36 @@ class ErrorType(StrEnum):
 
 
 class ErrorCode(StrEnum):
+    """Every ``code`` any FlexInfer API answers with (the admin APIs', then the proxy's own)."""
+
     INVALID_REQUEST = "invalid_request"
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     CONFLICT = "conflict"
     COMMAND_NOT_ALLOWED = "command_not_allowed"
+    ENV_NOT_ALLOWED = "env_not_allowed"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal_error"
+    # the proxy's (OpenAI-style answers to inference requests)
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_AMBIGUOUS = "model_ambiguous"
+    MODEL_FAILED = "model_failed"
+    MODEL_REMOVED = "model_removed"
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    SHUTTING_DOWN = "shutting_down"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    ROUTES_UNAVAILABLE = "routes_unavailable"
+    DEMAND_UNAVAILABLE = "demand_unavailable"
+    BODY_TOO_LARGE = "body_too_large"
+    QUEUE_BYTES_FULL = "queue_bytes_full"
+    URI_TOO_LONG = "uri_too_long"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    UNSUPPORTED_TRANSFER_ENCODING = "unsupported_transfer_encoding"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    REQUEST_TIMEOUT = "request_timeout"
 
 
 class ErrorDetail(BaseModel):
@@ -104,48 +119,9 @@ def _doc(description: str) -> dict[str, Any]:
 
 # OpenAPI ``responses`` for an admin router: the real shape of every error it can answer.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _doc("The body could not be read (not UTF-8 or not JSON)"),
     401: _doc("No or wrong bearer token (when the service has FLEXINFER_ADMIN_TOKEN)"),
     404: _doc("No such resource"),
     422: _doc("The request is malformed; the message names the field"),
     500: _doc("An internal error (the message names nothing internal; the service logs the details)"),
 }
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Make a FastAPI app answer every error as :class:`ErrorBody`."""
-    from fastapi import Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    def answer(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> Any:
-        return JSONResponse(
-            error_body(status, message, code), status_code=status, headers=error_headers(status, headers)
-        )
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Any:
-        return answer(exc.status, exc.message, exc.code)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Any:
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return answer(exc.status_code, detail, None, getattr(exc, "headers", None))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Any:
-        parts = []
-        for e in exc.errors():
-            where = ".".join(str(p) for p in e["loc"] if p != "body") or "body"
-            parts.append(f"{where}: {e['msg']}")
-        return answer(422, "; ".join(parts) or "invalid request")
-
-    @app.exception_handler(Exception)
-    async def unhandled(request: Request, exc: Exception) -> Any:
-        # The details go to the log, never to the caller.
-        log.error(
-            "unhandled error",
-            exc_info=exc,
-            extra={"method": request.method, "path": request.url.path},
-        )
-        return answer(500, "internal error; the service logged the details")

@@ -1,4 +1,4 @@
-"""The user-facing resources of CONTRACT.md section 1, one YAML format for Kubernetes and local mode.
+"""The user-facing resources of docs/reference.md section 1, one YAML format for Kubernetes and local mode.
 
 Field names are camelCase in YAML and JSON; Python code uses snake_case attributes. A bad manifest raises
 :class:`ManifestError` whose message names every bad field (``spec.gpu.priority: ...``).
@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -21,8 +22,9 @@ from pydantic import (
 )
 
 from flexinfer_common.durations import format_duration, parse_duration
-from flexinfer_common.enums import LeasePhase, ParkStrategy
+from flexinfer_common.enums import LeasePhase, ParkStrategy, SchedulingPolicy
 from flexinfer_common.messages import ModelStatus
+from flexinfer_common.quantity import parse_memory
 
 GROUP = "ai.flexinfer"
 V1ALPHA1 = f"{GROUP}/v1alpha1"
@@ -30,13 +32,77 @@ V1ALPHA2 = f"{GROUP}/v1alpha2"
 
 DEFAULT_SWAP_COOLDOWN = timedelta(minutes=5)
 
+# Limits checked at the edge (the admin APIs and the spec sync), so nothing out of range reaches the database, a
+# subject or a process: the longest duration a manifest may give, and the Go seed's int32 range for integers.
+MAX_DURATION = timedelta(days=30)
+MAX_DURATION_SECONDS = int(MAX_DURATION.total_seconds())
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _bounded_duration(value: timedelta) -> timedelta:
+    if value > MAX_DURATION:
+        raise ValueError(f"at most {format_duration(MAX_DURATION)} ({MAX_DURATION_SECONDS} seconds)")
+    return value
+
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
+    AfterValidator(_bounded_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
 ]
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Seconds = Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]
 
-_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_DNS_LABEL_RE = re.compile(rf"^{_DNS_LABEL}$")
+# C0 and C1 control characters and DEL; a tab or a newline is allowed in an argument or an environment value
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def check_subdomain(value: str) -> str:
+    """A Kubernetes object name (DNS-1123 subdomain): lowercase letters, digits, '-' and '.', at most 253."""
+    if len(value) > 253:
+        raise ValueError(f"at most 253 characters (got {len(value)})")
+    if not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{_shown(value)} is not a valid name (lowercase letters, digits, '-' and '.', starting and ending "
+            "with a letter or digit)"
+        )
+    return value
+
+
+def check_label(value: str) -> str:
+    """A Kubernetes namespace (DNS-1123 label): lowercase letters, digits and '-', at most 63."""
+    if len(value) > 63:
+        raise ValueError(f"at most 63 characters (got {len(value)})")
+    if not _DNS_LABEL_RE.match(value):
+        raise ValueError(
+            f"{_shown(value)} is not a valid namespace (lowercase letters, digits and '-', starting and ending "
+            "with a letter or digit)"
+        )
+    return value
+
+
+def check_text(value: str) -> str:
+    """An argument or an environment value: no NUL nor any other control character but tab and newline."""
+    match = _CONTROL.search(value)
+    if match is not None:
+        raise ValueError(f"control character U+{ord(match.group()):04X} at position {match.start()} is not allowed")
+    return value
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 80 else value[:80] + "...")
+
+
+KubeName = Annotated[str, AfterValidator(check_subdomain)]
+Namespace = Annotated[str, AfterValidator(check_label)]
+Text = Annotated[str, AfterValidator(check_text)]
+
+Memory = Annotated[int, BeforeValidator(parse_memory)]
+"""A Kubernetes quantity (``6Gi``) or bytes, held as bytes."""
 
 
 class ManifestError(ValueError):
@@ -56,22 +122,31 @@ class ObjectMeta(_Spec):
     resource_version: str | None = Field(None, alias="resourceVersion")
     uid: str | None = None
     owner_references: list[dict[str, Any]] = Field(default_factory=list, alias="ownerReferences")
+    # set by the scheduler on a model being deleted (parked first); never stored from a manifest
+    deletion_timestamp: datetime | None = Field(None, alias="deletionTimestamp")
 
-    @field_validator("name", "namespace")
+    @field_validator("name")
     @classmethod
     def _dns(cls, value: str) -> str:
-        if value and (len(value) > 253 or not _DNS_NAME.match(value)):
-            raise ValueError(f"{value!r} is not a valid name (lowercase letters, digits, '-' and '.')")
-        return value
+        return check_subdomain(value)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return check_label(value) if value else value
 
 
 class GpuSpec(_Spec):
-    shared: str | None = None
-    priority: int = 0
+    shared: KubeName | None = None
+    priority: Int32 = 0
     swap_cooldown: Duration | None = Field(None, alias="swapCooldown")
     force_promotion: bool = Field(False, alias="forcePromotion")
     max_wait: Duration | None = Field(None, alias="maxWait")
     park_strategy: ParkStrategy = Field(ParkStrategy.SCALE_TO_ZERO, alias="parkStrategy")
+    # several models on one card (docs/reference.md section 1, "Memory and devices")
+    memory: Memory | None = None
+    devices: int = Field(1, ge=1)
+    pinned: bool = False
 
 
 class ServerlessSpec(_Spec):
@@ -89,8 +164,8 @@ class EndpointSpec(_Spec):
 
 
 class LocalSpec(_Spec):
-    command: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    command: list[Text] = Field(default_factory=list)
+    env: dict[Text, Text] = Field(default_factory=dict)
 
 
 class KubernetesSpec(_Spec):
@@ -98,10 +173,10 @@ class KubernetesSpec(_Spec):
     (the actuator's settings, chart values) do not say, or say otherwise for this model."""
 
     image: str | None = None
-    command: list[str] | None = None
-    args: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    gpus: int = Field(1, ge=0)
+    command: list[Text] | None = None
+    args: list[Text] | None = None
+    env: dict[Text, Text] = Field(default_factory=dict)
+    gpus: int = Field(1, ge=0, le=1024)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     resources: dict[str, Any] = Field(default_factory=dict)
@@ -137,23 +212,38 @@ class Model(_Spec):
 
 
 class GroupMember(_Spec):
-    name: str
-    namespace: str | None = None
-    priority: int = 0
+    name: KubeName
+    namespace: Namespace | None = None
+    priority: Int32 = 0
 
 
 class GroupPolicySpec(_Spec):
-    hysteresis_window_seconds: int = Field(10, ge=0, alias="hysteresisWindowSeconds")
-    request_queue_threshold: int = Field(3, ge=1, alias="requestQueueThreshold")
-    minimum_run_duration_seconds: int = Field(30, ge=0, alias="minimumRunDurationSeconds")
-    cooldown_after_preemption_seconds: int = Field(60, ge=0, alias="cooldownAfterPreemptionSeconds")
-    drain_timeout_seconds: int = Field(60, ge=0, alias="drainTimeoutSeconds")
-    idle_timeout_seconds: int = Field(300, ge=0, alias="idleTimeoutSeconds")
+    hysteresis_window_seconds: Seconds = Field(10, alias="hysteresisWindowSeconds")
+    request_queue_threshold: int = Field(3, ge=1, le=INT32_MAX, alias="requestQueueThreshold")
+    minimum_run_duration_seconds: Seconds = Field(30, alias="minimumRunDurationSeconds")
+    cooldown_after_preemption_seconds: Seconds = Field(60, alias="cooldownAfterPreemptionSeconds")
+    drain_timeout_seconds: Seconds = Field(60, alias="drainTimeoutSeconds")
+    idle_timeout_seconds: Seconds = Field(300, alias="idleTimeoutSeconds")
+
+
+class CapacitySpec(_Spec):
+    """The group's card(s): how many devices, and the memory of each."""
+
+    devices: int = Field(1, ge=1)
+    memory_per_device: Memory = Field(alias="memoryPerDevice")
 
 
 class GPUGroupSpec(_Spec):
-    models: list[GroupMember] = Field(min_length=1)
+    """With ``models``: a v1alpha1 group of those models under ``policy``. Without: the declaration of the v1alpha2
+    shared group of the same name (the models whose ``spec.gpu.shared`` names it): its ``capacity`` and
+    ``scheduling``."""
+
+    models: list[GroupMember] | None = Field(None, min_length=1)
     policy: GroupPolicySpec = Field(default_factory=GroupPolicySpec)
+    capacity: CapacitySpec | None = None
+    # The election of a v1alpha2 group (None: the FLEXINFER_SCHEDULING_POLICY setting); a v1alpha1 group runs the
+    # v1alpha1 election under either.
+    scheduling: SchedulingPolicy | None = None
 
 
 class GPUGroup(_Spec):
@@ -167,6 +257,15 @@ class GPUGroup(_Spec):
     def name(self) -> str:
         return self.metadata.name
 
+    @property
+    def members(self) -> list[GroupMember]:
+        """The models a v1alpha1 group lists (none: the GPUGroup declares a v1alpha2 shared group)."""
+        return self.spec.models or []
+
+    @property
+    def is_v1alpha1(self) -> bool:
+        return self.spec.models is not None
+
 
 MIN_LEASE_TTL_SECONDS = 60
 OWNER_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
@@ -174,10 +273,10 @@ OWNER_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 
 
 class GPULeaseSpec(_Spec):
-    group: str = Field(min_length=1)
+    group: KubeName
     owner: str = Field(min_length=1, max_length=253, pattern=OWNER_PATTERN)
-    node: str | None = None
-    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, alias="ttlSeconds")
+    node: KubeName | None = None
+    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, le=MAX_DURATION_SECONDS, alias="ttlSeconds")
 
 
 class GPULeaseStatus(_Spec):
@@ -199,13 +298,13 @@ class GPULease(_Spec):
 
 
 class GpuLeaseRequest(_Spec):
-    group: str = Field(min_length=1)
-    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, alias="ttlSeconds")
+    group: KubeName
+    ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, le=MAX_DURATION_SECONDS, alias="ttlSeconds")
 
 
 class FinetuneSpec(_Spec):
     gpu_lease: GpuLeaseRequest | None = Field(None, alias="gpuLease")
-    timeout_seconds: int | None = Field(None, ge=1, alias="timeoutSeconds")
+    timeout_seconds: int | None = Field(None, ge=1, le=MAX_DURATION_SECONDS, alias="timeoutSeconds")
 
 
 class ModelCacheSpec(_Spec):

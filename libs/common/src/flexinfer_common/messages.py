@@ -60,6 +60,10 @@ def encode(message: BaseModel) -> bytes:
     return message.__pydantic_serializer__.to_json(message, by_alias=True)
 
 
+#: The longest a demand message's queued count may stand unrenewed (``validFor``): a day.
+MAX_DEMAND_VALID_FOR_SECONDS = 86_400
+
+
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
@@ -83,6 +87,16 @@ class Demand(Message):
     queued: int = Field(0, ge=0, description="Requests waiting at this source", examples=[3])
     source: Origin = Field("external", description="Who signals: a proxy instance id, or any producer name")
     time: UtcDateTime | None = Field(None, description="When the demand was seen; the receiver's clock if omitted")
+    valid_for: float | None = Field(
+        None,
+        alias="validFor",
+        gt=0,
+        le=MAX_DEMAND_VALID_FOR_SECONDS,
+        description="Seconds this source's queued count stands without a newer message from it (the scheduler's "
+        "queued-count TTL if omitted). A proxy sends three of its demand refresh intervals plus a margin, so its "
+        "waiting requests keep their demand whatever the scheduler's own settings are.",
+        examples=[35],
+    )
 
 
 class InFlightCount(BaseModel):
@@ -116,7 +130,11 @@ class RuntimeSpec(Message):
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     port: int | None = None
-    readiness_path: str = "/health"
+    readiness_path: str | None = Field(
+        None, description="spec.endpoint.readinessPath; unset: the backend preset's (local mode), else /health"
+    )
+    backend: str | None = Field(None, description="spec.backend: local mode starts its preset without a command")
+    source: str | None = Field(None, description="spec.source: the weights a local backend preset loads")
     park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO
     rendered: bool = Field(
         False, description="Kubernetes mode: the Deployment is rendered by the actuator (it may not exist yet)"
@@ -125,6 +143,13 @@ class RuntimeSpec(Message):
         None,
         description="How long a parked model may finish in-flight requests before it is killed "
         "(a v1alpha1 group's drainTimeoutSeconds); the actuator's own grace period when unset",
+    )
+    devices: list[int] | None = Field(
+        None,
+        description="The devices of its group the model was placed on (a group with a spec.capacity); the actuator "
+        "exposes only these to it (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES). None: the "
+        "group holds one model at a time and it sees the whole card",
+        examples=[[0]],
     )
 
 
@@ -136,6 +161,8 @@ class ScaleCommand(Message):
     """The scheduler tells the actuator to activate or park a model.
 
     ``generation`` grows with every command for a model; the actuator ignores a command older than one it applied.
+    ``leader_epoch`` is the fencing token of the scheduler leader that sent it: the actuator refuses a command with
+    an epoch lower than the highest it has seen (a deposed leader's), and judges generations within one epoch.
     """
 
     SUBJECT: ClassVar[str] = "flexinfer.actuator.command.<namespace>.<model>"
@@ -149,6 +176,12 @@ class ScaleCommand(Message):
     swap_id: str | None = None
     runtime: RuntimeSpec
     issued_at: UtcDateTime
+    leader_epoch: int = Field(
+        0,
+        ge=0,
+        description="The sending scheduler leader's epoch (taken from PostgreSQL when it acquired the leader lock); "
+        "0 from a scheduler without fencing",
+    )
 
 
 class RuntimeStatus(Message):
@@ -187,6 +220,25 @@ class SharedGroupStatus(BaseModel):
     preempted_at: UtcDateTime | None = Field(None, alias="preemptedAt")
 
 
+class MemoryStatus(BaseModel):
+    """What a model holds on each of its devices when loaded, and where the figure comes from."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    bytes: int = Field(ge=0)
+    source: Literal["declared", "estimated", "measured"] = Field(
+        description="declared (spec.gpu.memory) or estimated (from the size of local weights at spec.source)"
+    )
+
+
+class PlacementStatus(BaseModel):
+    """The devices of its group a loaded model holds (a group with a capacity)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    devices: list[int]
+
+
 class ModelStatus(BaseModel):
     """A Model's ``status``, as Kubernetes and the admin API show it (Kubernetes adds ``conditions``)."""
 
@@ -197,11 +249,16 @@ class ModelStatus(BaseModel):
     shared_group: SharedGroupStatus = Field(default_factory=SharedGroupStatus, alias="sharedGroup")
     preempted_by: str | None = Field(None, alias="preemptedBy")
     message: str = ""
+    restarts: int = Field(
+        0, ge=0, description="How many times the model's server was restarted after it crashed (kubectl's RESTARTS)"
+    )
     observed_generation: int | None = Field(
         None,
         alias="observedGeneration",
         description="The Kubernetes metadata.generation of the spec this status reflects (Kubernetes mode)",
     )
+    memory: MemoryStatus | None = Field(None, description="Its GPU memory when it declares or has an estimate of it")
+    placement: PlacementStatus | None = Field(None, description="The devices it holds while loaded in a capacity group")
 
 
 class ModelStatusUpdate(Message):
@@ -349,15 +406,18 @@ class LeaseEvent(Message):
 
 
 class ModelEvent(Message):
-    """A model's phase or shared-group state changed (observers only)."""
+    """A model's phase or shared-group state changed, or (``model.crashed``) its server died after it was Ready
+    and is started again after the back-off: ``status.message`` says why (the exit reason the actuator reported),
+    ``restarts`` how many times so far (observers only)."""
 
     SUBJECT: ClassVar[str] = "flexinfer.events.model.<group>"
 
-    kind: Literal["model.status"] = "model.status"
+    kind: Literal["model.status", "model.crashed"] = "model.status"
     namespace: Name
     model: Name
     group: str | None = None
     status: ModelStatus
+    restarts: int = Field(0, ge=0, description="How many times the model was restarted after a crash")
     time: UtcDateTime
 
 

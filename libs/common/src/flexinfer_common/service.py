@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flexinfer_common.errors import ERROR_RESPONSES, ApiError, install_error_handlers
+from flexinfer_common.auth import bearer_matches, token_matches
+from flexinfer_common.errors import ERROR_RESPONSES, ApiError, error_body, error_headers
 from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.metrics import render_latest
 from flexinfer_common.runner import run_until_signalled
@@ -62,8 +64,7 @@ def admin_token_dependency(token: str | None) -> Callable[..., Awaitable[None]]:
     async def check(credentials: HTTPAuthorizationCredentials | None = Security(_BEARER)) -> None:
         if expected is None:
             return
-        given = credentials.credentials.encode() if credentials is not None else b""
-        if not hmac.compare_digest(given, expected):
+        if not token_matches(credentials.credentials if credentials is not None else b"", expected):
             raise ApiError(401, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
 
     return check
@@ -81,8 +82,7 @@ def _token_first(token: str | None) -> type[APIRoute]:
                 return handler
 
             async def checked(request: Request) -> Response:
-                scheme, _, given = request.headers.get("authorization", "").partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+                if not bearer_matches(request.headers.get("authorization"), expected):
                     raise ApiError(401, "missing or wrong bearer token (FLEXINFER_ADMIN_TOKEN)")
                 return await handler(request)
 
@@ -192,3 +192,42 @@ def run_service(
     except ConnectionError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         raise SystemExit(1) from None
+
+
+_errors_log = get_logger("flexinfer.errors")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make a FastAPI app answer every error as :class:`ErrorBody`."""
+
+    def answer(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> Any:
+        return JSONResponse(
+            error_body(status, message, code), status_code=status, headers=error_headers(status, headers)
+        )
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Any:
+        return answer(exc.status, exc.message, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Any:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return answer(exc.status_code, detail, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Any:
+        parts = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"] if p != "body") or "body"
+            parts.append(f"{where}: {e['msg']}")
+        return answer(422, "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(Exception)
+    async def unhandled(request: Request, exc: Exception) -> Any:
+        # The details go to the log, never to the caller.
+        _errors_log.error(
+            "unhandled error",
+            exc_info=exc,
+            extra={"method": request.method, "path": request.url.path},
+        )
+        return answer(500, "internal error; the service logged the details")

@@ -7,16 +7,21 @@ Each service subclasses :class:`CommonSettings`; ``load_settings`` turns a valid
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from datetime import timedelta
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from flexinfer_common.durations import parse_duration
+from flexinfer_common.local_commands import DEFAULT_LOCAL_ENV, invalid_entries, invalid_env_entries
+
+if TYPE_CHECKING:
+    from flexinfer_common.nats_auth import NatsAuth
 
 ENV_PREFIX = "FLEXINFER_"
 
@@ -61,43 +66,139 @@ def _comma_list(value: object) -> object:
 CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_list)]
 
 
+def _comma_mapping(value: object) -> object:
+    """``a=1,b=2`` (or a JSON object) -> a mapping."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        pairs = {}
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            key, sep, item = part.partition("=")
+            if not sep or not key.strip() or not item.strip():
+                raise ValueError(f"expected name=value pairs separated by commas, got {part!r}")
+            pairs[key.strip()] = item.strip()
+        return pairs
+    return value
+
+
+CommaMapping = Annotated[dict[str, str], NoDecode, BeforeValidator(_comma_mapping)]
+
+
 class SettingsError(Exception):
     """A setting has a bad value; the message names the environment variable."""
+
+
+# The queued-count TTL's margin over three demand refreshes (clock skew between hosts, a slow bus).
+QUEUED_TTL_MARGIN = timedelta(seconds=5)
+
+
+def renewed_count_ttl(refresh_interval: timedelta) -> timedelta:
+    """How long a count its sender renews every ``refresh_interval`` stands without a renewal: three renewals
+    missed (plus a margin for clock skew and the bus) mean the sender is gone. The proxy sends it with each demand
+    message (``validFor``); the scheduler falls back on its own for a message without one."""
+    return 3 * refresh_interval + QUEUED_TTL_MARGIN
 
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     nats_url: str = "nats://127.0.0.1:4222"
+    """``FLEXINFER_NATS_URL``: the bus; several servers comma-separated; credentials may be in it
+    (``nats://user:password@host:port``)."""
+    # The bus's credentials and TLS (docs/operations.md, "Bus security"): one way to authenticate at most; empty:
+    # not used.
+    nats_user: str = ""
+    """``FLEXINFER_NATS_USER``: the user to authenticate to NATS as (with ``FLEXINFER_NATS_PASSWORD``)."""
+    nats_password: SecretStr | None = None
+    """``FLEXINFER_NATS_PASSWORD``: the NATS user's password (never logged)."""
+    nats_creds: str = ""
+    """``FLEXINFER_NATS_CREDS``: a NATS credentials file (JWT + nkey seed)."""
+    nats_nkey: str = ""
+    """``FLEXINFER_NATS_NKEY``: an nkey seed file."""
+    nats_tls_ca: str = ""
+    """``FLEXINFER_NATS_TLS_CA``: a CA file to verify the NATS server with."""
+    nats_tls_cert: str = ""
+    """``FLEXINFER_NATS_TLS_CERT``: a client certificate for mutual TLS (with ``FLEXINFER_NATS_TLS_KEY``)."""
+    nats_tls_key: str = ""
+    """``FLEXINFER_NATS_TLS_KEY``: the client certificate's key."""
+    # Where this service's replies arrive (it must be allowed to subscribe there); empty: ``_INBOX.<user>`` with a
+    # user, else NATS' own ``_INBOX``.
+    nats_inbox_prefix: str = ""
     database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/flexinfer"
+    """``FLEXINFER_DATABASE_URL``: the PostgreSQL database (``postgresql://user:password@host:port/db`` is accepted
+    and run with the asyncpg driver)."""
     admin_token: SecretStr | None = None
+    """``FLEXINFER_ADMIN_TOKEN``: when set, every ``/api/v1`` call needs ``Authorization: Bearer <token>``."""
     actuator: ActuatorKind = ActuatorKind.LOCAL
+    """``FLEXINFER_ACTUATOR``: ``local`` (model processes on this machine) or ``kubernetes`` (Deployments; the
+    lease manager then also syncs GPULeases, Jobs and ModelCaches)."""
     namespace: str = "default"
+    """``FLEXINFER_NAMESPACE``: the namespace of FlexInfer's own objects when the pod's is not known (the lease
+    manager's GPULeases taken through its API)."""
     log_level: str = "INFO"
+    """``FLEXINFER_LOG_LEVEL``: ``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``."""
     bind_host: str = "127.0.0.1"
+    """``FLEXINFER_BIND_HOST``: the address every service listens on; beyond loopback a service needs
+    ``FLEXINFER_ADMIN_TOKEN`` (or ``FLEXINFER_ADMIN_AUTH=disabled``)."""
     admin_auth: AdminAuth = AdminAuth.REQUIRED
+    """``FLEXINFER_ADMIN_AUTH``: ``required`` refuses to start beyond loopback without a token; ``disabled`` allows
+    it (with a warning)."""
     local_commands: CommaList = DEFAULT_LOCAL_COMMANDS
+    """``FLEXINFER_LOCAL_COMMANDS``: the executables (names or absolute paths, comma-separated) a
+    ``spec.local.command`` may run, replacing the default list; any other is refused with 422."""
+    local_env: CommaList = DEFAULT_LOCAL_ENV
+    """``FLEXINFER_LOCAL_ENV``: the variable names a model's ``spec.local.env`` may set (``NAME`` or ``PREFIX_*``),
+    comma-separated, replacing the default list; the scheduler's API refuses any other with 422, and the local
+    actuator checks again before it starts a process."""
+    local_engines: CommaMapping = {}
+    """``FLEXINFER_LOCAL_ENGINES``: ``backend=executable`` pairs, comma-separated
+    (``llama-cpp=/opt/llama/llama-server``): the executable a local backend preset runs instead of the one found on
+    PATH (a Python interpreter for the Python engines: ``llama-cpp=/opt/venv/bin/python`` runs llama-cpp-python's
+    server). An engine's executable (not an interpreter) is thereby on the command allow-list too."""
     instance_id: str = ""
+    """``FLEXINFER_INSTANCE_ID``: this replica's id (a proxy's demand ``source``); empty: made from the host name
+    and process id."""
 
     proxy_port: int = Field(8080, ge=0, le=65535)
+    """``FLEXINFER_PROXY_PORT``: the proxy's port (the data plane)."""
     scheduler_port: int = Field(8081, ge=0, le=65535)
+    """``FLEXINFER_SCHEDULER_PORT``: the scheduler's admin API and status page."""
     lease_manager_port: int = Field(8082, ge=0, le=65535)
+    """``FLEXINFER_LEASE_MANAGER_PORT``: the lease manager's API."""
     actuator_port: int = Field(8083, ge=0, le=65535)
+    """``FLEXINFER_ACTUATOR_PORT``: the actuator's operations server (health, metrics, processes)."""
 
     reconcile_interval: Duration = timedelta(seconds=3)
+    """``FLEXINFER_RECONCILE_INTERVAL``: the scheduler's election pass runs at least this often."""
     shared_demand_window: Duration = timedelta(minutes=2)
+    """``FLEXINFER_SHARED_DEMAND_WINDOW``: a model asked for within this counts as demanded (v1alpha2)."""
     recent_leader_window: Duration = timedelta(minutes=5)
+    """``FLEXINFER_RECENT_LEADER_WINDOW``: with no demanded model, one active within this is preferred (v1alpha2)."""
     default_swap_cooldown: Duration = timedelta(minutes=5)
+    """``FLEXINFER_DEFAULT_SWAP_COOLDOWN``: the swap cooldown of a group none of whose members sets
+    ``spec.gpu.swapCooldown`` (FlexInfer's policy uses the holder's measured load time unless this is set)."""
     queue_max: int = Field(256, ge=1)
+    """``FLEXINFER_QUEUE_MAX``: requests that may wait for one model at a proxy; one more gets 429."""
     queue_timeout: Duration = timedelta(minutes=5)
+    """``FLEXINFER_QUEUE_TIMEOUT``: how long a request may wait for its model before 504."""
     demand_refresh_interval: Duration = timedelta(seconds=10)
+    """``FLEXINFER_DEMAND_REFRESH_INTERVAL``: how often a proxy renews the demand of its waiting requests."""
     lease_refresh_interval: Duration = timedelta(seconds=30)
+    """``FLEXINFER_LEASE_REFRESH_INTERVAL``: the lease manager's reconcile (renewals, expiry, metrics)."""
     activity_report_interval: Duration = timedelta(seconds=1)
+    """``FLEXINFER_ACTIVITY_REPORT_INTERVAL``: how often a proxy reports its requests in flight while any is."""
     park_grace_period: Duration = timedelta(seconds=10)
+    """``FLEXINFER_PARK_GRACE_PERIOD``: how long a local model process has to exit after SIGTERM before SIGKILL."""
     readiness_probe_interval: Duration = timedelta(milliseconds=50)
+    """``FLEXINFER_READINESS_PROBE_INTERVAL``: how often the local actuator probes a loading model's
+    readiness path."""
     load_timeout: Duration = timedelta(minutes=10)
+    """``FLEXINFER_LOAD_TIMEOUT``: a model not Ready this long after it was started is stopped and Failed."""
 
-    @field_validator("admin_token", mode="before")
+    @field_validator("admin_token", "nats_password", mode="before")
     @classmethod
     def _empty_token_is_unset(cls, value: object) -> object:
         # FLEXINFER_ADMIN_TOKEN= (empty, as docker-compose passes an unset variable) means no token, not "".
@@ -113,8 +214,55 @@ class CommonSettings(BaseSettings):
     def _nats_scheme(cls, value: str) -> str:
         for url in value.split(","):
             if urlsplit(url.strip()).scheme not in {"nats", "tls", "ws", "wss"}:
-                raise ValueError(f"not a NATS URL: {url!r} (expected nats://host:port)")
+                # The value is not echoed: a URL may carry a password.
+                raise ValueError("not a NATS URL (expected nats://host:port or nats://user:password@host:port)")
         return value
+
+    @field_validator("nats_creds", "nats_nkey", "nats_tls_ca", "nats_tls_cert", "nats_tls_key")
+    @classmethod
+    def _readable_file(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            try:
+                with open(value, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _nats_auth_complete(self) -> CommonSettings:
+        if self.nats_password is not None and not self.nats_user:
+            raise ValueError("FLEXINFER_NATS_PASSWORD is set but FLEXINFER_NATS_USER is not")
+        if bool(self.nats_tls_cert) != bool(self.nats_tls_key):
+            raise ValueError("FLEXINFER_NATS_TLS_CERT and FLEXINFER_NATS_TLS_KEY go together (mutual TLS)")
+        given = [
+            name
+            for name, value in (
+                ("FLEXINFER_NATS_USER", self.nats_user),
+                ("FLEXINFER_NATS_CREDS", self.nats_creds),
+                ("FLEXINFER_NATS_NKEY", self.nats_nkey),
+            )
+            if value
+        ]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are set: choose one way to authenticate to NATS")
+        return self
+
+    def nats_auth(self) -> NatsAuth:
+        """How this service authenticates to NATS (and verifies it), for :class:`flexinfer_common.bus.Bus`."""
+        from flexinfer_common.nats_auth import NatsAuth
+
+        return NatsAuth(
+            user=self.nats_user or None,
+            password=self.nats_password.get_secret_value() if self.nats_password else None,
+            creds_file=self.nats_creds or None,
+            nkey_file=self.nats_nkey or None,
+            tls_ca=self.nats_tls_ca or None,
+            tls_cert=self.nats_tls_cert or None,
+            tls_key=self.nats_tls_key or None,
+            inbox_prefix=self.nats_inbox_prefix or None,
+        )
 
     @field_validator("log_level")
     @classmethod
@@ -127,14 +275,62 @@ class CommonSettings(BaseSettings):
     @field_validator("local_commands")
     @classmethod
     def _commands(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from flexinfer_common.local_commands import invalid_entries
-
         bad = invalid_entries(value)
         if bad:
             raise ValueError(
                 f"each entry must be an executable's name or absolute path, not {', '.join(map(repr, bad))}"
             )
         return value
+
+    @field_validator("local_engines")
+    @classmethod
+    def _engines(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = invalid_entries(value.values())
+        if bad:
+            raise ValueError(f"each executable must be a name or an absolute path, not {', '.join(map(repr, bad))}")
+        return value
+
+    @field_validator("local_env")
+    @classmethod
+    def _env_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = invalid_env_entries(value)
+        if bad:
+            raise ValueError(
+                f"each entry must be a variable name or PREFIX_*, and none may allow a variable that decides which "
+                f"code runs (PATH, LD_*, PYTHON*): {', '.join(map(repr, bad))}"
+            )
+        return value
+
+    @field_validator(
+        "reconcile_interval",
+        "demand_refresh_interval",
+        "activity_report_interval",
+        "queue_timeout",
+        "lease_refresh_interval",
+        "readiness_probe_interval",
+        "load_timeout",
+    )
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than 0s")
+        return value
+
+    @property
+    def queued_ttl(self) -> timedelta:
+        """How long a source's queued count stands without a newer report: a proxy renews it every
+        FLEXINFER_DEMAND_REFRESH_INTERVAL while requests wait and reports 0 when its queue empties, so a count
+        unrenewed for three refreshes (plus a margin for clock skew and the bus) is from a proxy that is gone.
+        Never shorter than that, however short the demand window; never shorter than the demand window either, so an
+        external producer's one message still counts for the window, as before."""
+        return max(self.shared_demand_window, renewed_count_ttl(self.demand_refresh_interval))
+
+    @property
+    def in_flight_ttl(self) -> timedelta:
+        """How long a proxy's in-flight counts stand without a newer report (it reports every
+        FLEXINFER_ACTIVITY_REPORT_INTERVAL while any is not zero): a report older than a few is from a proxy
+        that is gone."""
+        return max(3 * self.activity_report_interval, timedelta(seconds=5))
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> CommonSettings:
@@ -161,6 +357,7 @@ class CommonSettings(BaseSettings):
         password = urlsplit(self.database_url).password
         if password:
             values.append(password)
+        values += [urlsplit(url.strip()).password or "" for url in self.nats_url.split(",")]
         return [v for v in values if v]
 
     def admin_token_value(self) -> str | None:
@@ -184,8 +381,11 @@ class KubernetesSettings(CommonSettings):
     """``FLEXINFER_LEADER_ELECTION_NAMESPACE``: where the Lease lives. Empty: the pod's own namespace, else
     ``FLEXINFER_NAMESPACE``."""
     leader_lease_duration: Duration = timedelta(seconds=15)
+    """``FLEXINFER_LEADER_LEASE_DURATION``: how long a leader's coordination.k8s.io Lease stands unrenewed."""
     leader_renew_deadline: Duration = timedelta(seconds=10)
+    """``FLEXINFER_LEADER_RENEW_DEADLINE``: a leader that could not renew within this stops acting."""
     leader_retry_period: Duration = timedelta(seconds=2)
+    """``FLEXINFER_LEADER_RETRY_PERIOD``: how often replicas try to take or renew the Lease."""
 
     @field_validator("watch_namespaces")
     @classmethod
@@ -260,7 +460,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
                 problems.append(message)
                 continue
             variable = ENV_PREFIX + field.upper()
-            if any(word in field for word in _SECRET_WORDS) or field == "database_url":
+            if any(word in field for word in _SECRET_WORDS) or field in ("database_url", "nats_url"):
                 problems.append(f"{variable}: {message}")
             else:
                 problems.append(f"{variable}: {message} (got {error.get('input')!r})")

@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass
 
 from flexinfer_actuator.adapters.kubernetes import KubernetesScaler
-from flexinfer_actuator.adapters.renderer import WorkloadRenderer
+from flexinfer_actuator.adapters.rendered_workloads import WorkloadRenderer
 from flexinfer_actuator.adapters.spec_sync import SpecErrors, SpecSync
 from flexinfer_actuator.adapters.status_writer import StatusWriter
 from flexinfer_actuator.domain.processes import ProcessInfo
@@ -176,6 +176,7 @@ class KubernetesMode:
         renderer = WorkloadRenderer(
             client=client,
             models=models,
+            groups=groups,
             deployments=deployments,
             services=services,
             pods=pods,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Protocol
 
-from pydantic import BaseModel
+import stamina
 
-from flexinfer_actuator.domain.commands import GenerationVerdict, should_apply
+from flexinfer_actuator.domain.commands import GenerationVerdict
+from flexinfer_actuator.domain.fencing import EpochVerdict, judge_command
 from flexinfer_actuator.domain.processes import Observation
 from flexinfer_actuator.metrics import ACTUATOR_COMMANDS
 from flexinfer_actuator.ports import Scaler
@@ -22,8 +22,10 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus, Consumer, Delivery, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand, message_id
+from flexinfer_common.ports import Publisher
 
 log = get_logger("flexinfer.actuator")
 
@@ -31,12 +33,6 @@ DURABLE = "actuator"
 COMMAND_FILTER = subjects.COMMAND_PREFIX + ".>"
 _PUBLISH_ATTEMPTS = 3
 _PUBLISH_RETRY_DELAY = 0.5
-
-ModelKey = tuple[str, str]
-
-
-class Publisher(Protocol):
-    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
 
 
 class StatusPublisher:
@@ -51,7 +47,7 @@ class StatusPublisher:
         self._last: dict[ModelKey, RuntimeStatus] = {}
 
     def last(self, namespace: str, model: str) -> RuntimeStatus | None:
-        return self._last.get((namespace, model))
+        return self._last.get(ModelKey(namespace, model))
 
     async def report(self, observation: Observation) -> None:
         status = RuntimeStatus(
@@ -65,12 +61,12 @@ class StatusPublisher:
             time=self._clock.now(),
             actuator=self._actuator,
         )
-        self._last[(status.namespace, status.model)] = status
+        self._last[ModelKey(status.namespace, status.model)] = status
         await self._publish(status)
 
     async def rereport(self, namespace: str, model: str) -> bool:
         """Publish the model's last status again (fresh time); False when none was reported yet."""
-        last = self._last.get((namespace, model))
+        last = self._last.get(ModelKey(namespace, model))
         if last is None:
             return False
         await self._publish(last.model_copy(update={"time": self._clock.now()}))
@@ -86,24 +82,31 @@ class StatusPublisher:
             "phase": status.phase.value,
             "generation": status.generation,
         }
-        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
-            if not getattr(self._bus, "connected", True):
-                # No waiting on a dead bus (it would stall shutdown); the scheduler re-issues an unanswered
-                # command, and the repeat is answered with the current status.
-                log.warning("bus down: runtime status not published", extra=fields)
-                return
-            try:
-                await self._bus.publish(subject, status, msg_id=msg_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if attempt == _PUBLISH_ATTEMPTS:
-                    log.error("could not publish runtime status", extra={**fields, "error": repr(exc)})
-                    return
-                await asyncio.sleep(_PUBLISH_RETRY_DELAY)
-            else:
-                log.info("runtime status", extra={**fields, "detail": status.message or None})
-                return
+        try:
+            async for attempt in stamina.retry_context(
+                on=_publish_failed,
+                attempts=_PUBLISH_ATTEMPTS,
+                wait_initial=_PUBLISH_RETRY_DELAY,
+                wait_max=1.0,
+                wait_jitter=0.1,
+            ):
+                with attempt:
+                    if not getattr(self._bus, "connected", True):
+                        # No waiting on a dead bus (it would stall shutdown); the scheduler re-issues an
+                        # unanswered command, and the repeat is answered with the current status.
+                        log.warning("bus down: runtime status not published", extra=fields)
+                        return
+                    await self._bus.publish(subject, status, msg_id=msg_id)
+        except Exception as exc:
+            log.error("could not publish runtime status", extra={**fields, "error": repr(exc)})
+            return
+        log.info("runtime status", extra={**fields, "detail": status.message or None})
+
+
+def _publish_failed(exc: Exception) -> bool:
+    """Every failure of a status publish is retried (a timeout, a reconnect under way); cancellation is not an
+    Exception, so it ends the retries at once."""
+    return True
 
 
 class Actuator:
@@ -128,7 +131,8 @@ class Actuator:
         self._consumer: Consumer[ScaleCommand] | None = None
         self._queues: dict[ModelKey, asyncio.Queue[ScaleCommand | None]] = {}
         self._workers: dict[ModelKey, asyncio.Task[None]] = {}
-        self._applied: dict[ModelKey, int] = {}
+        self._applied: dict[ModelKey, tuple[int, int]] = {}  # (leader epoch, generation) applied last
+        self.highest_epoch = 0  # the highest scheduler leader epoch seen (domain/fencing.py)
         self._stopping = False
 
     @property
@@ -154,11 +158,11 @@ class Actuator:
 
     async def handle(self, command: ScaleCommand, delivery: Delivery) -> None:
         """Route a command to its model's worker (the bus acks it once queued)."""
-        key = (command.namespace, command.model)
+        key = ModelKey(command.namespace, command.model)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = asyncio.Queue()
-            self._workers[key] = asyncio.create_task(self._work(key, queue), name=f"model:{key[0]}/{key[1]}")
+            self._workers[key] = asyncio.create_task(self._work(key, queue), name=f"model:{key}")
         log.debug(
             "command queued",
             extra={"subject": delivery.subject, "command_id": command.command_id, "generation": command.generation},
@@ -202,7 +206,7 @@ class Actuator:
                 )
 
     async def _apply(self, command: ScaleCommand) -> None:
-        key = (command.namespace, command.model)
+        key = ModelKey(command.namespace, command.model)
         fields = {
             "namespace": command.namespace,
             "model": command.model,
@@ -211,16 +215,29 @@ class Actuator:
             "swap_id": command.swap_id,
         }
         last = self._applied.get(key)
-        verdict = should_apply(command, last)
+        fence, verdict = judge_command(command, highest_epoch=self.highest_epoch, last_applied=last)
+        if fence is EpochVerdict.DEPOSED:
+            log.warning(
+                "refused a command from a deposed scheduler leader",
+                extra={**fields, "leader_epoch": command.leader_epoch, "current_epoch": self.highest_epoch},
+            )
+            ACTUATOR_COMMANDS.labels(action=command.action.value, result="fenced").inc()
+            return
+        if fence is EpochVerdict.NEW_LEADER:
+            log.info(
+                "commands from a new scheduler leader",
+                extra={"leader_epoch": command.leader_epoch, "previous_epoch": self.highest_epoch},
+            )
+            self.highest_epoch = command.leader_epoch
         if verdict is GenerationVerdict.STALE:
-            log.info("ignored stale command", extra={**fields, "last_applied_generation": last})
+            log.info("ignored stale command", extra={**fields, "last_applied": last})
             ACTUATOR_COMMANDS.labels(action=command.action.value, result="stale").inc()
             return
         if verdict is GenerationVerdict.REREPORT and await self.statuses.rereport(*key):
             log.info("repeated command: re-reported the current status", extra=fields)
             ACTUATOR_COMMANDS.labels(action=command.action.value, result="rereported").inc()
             return
-        self._applied[key] = command.generation
+        self._applied[key] = (command.leader_epoch, command.generation)
         spec = command.runtime
         if (spec.namespace, spec.name) != key:
             log.warning(

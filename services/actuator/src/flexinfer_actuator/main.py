@@ -46,10 +46,10 @@ async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
     instance = instance_id(settings)
     clock = SystemClock()
     kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
-    bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}")
+    bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}", auth=settings.nats_auth())
     await bus.connect()
     try:
-        await bus.ensure_streams()
+        await bus.ensure_streams(owner=False)
         statuses = StatusPublisher(bus=bus, actuator=instance, clock=clock)
         if kube is not None:
             await _serve_kubernetes(settings, stop, bus=bus, kube=kube, statuses=statuses, instance=instance)

@@ -1,5 +1,7 @@
-"""The narrow interfaces the actuator's loop needs. Back-ends (``local`` today, ``kubernetes`` later) implement
-:class:`Scaler`; the loop hands each back-end a :data:`StatusSink` to report what it observes."""
+"""The narrow interfaces the actuator's loop needs. Both back-ends implement :class:`Scaler` (``local``:
+:class:`~flexinfer_actuator.adapters.local.LocalProcessScaler`, ``kubernetes``:
+:class:`~flexinfer_actuator.adapters.kubernetes.KubernetesScaler`); the loop hands each a :data:`StatusSink` to
+report what it observes."""
 
 from __future__ import annotations
 

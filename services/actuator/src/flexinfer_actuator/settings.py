@@ -3,6 +3,7 @@ the Kubernetes back-end renders the workload of a Model that names no Deployment
 
 from __future__ import annotations
 
+import pwd
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import field_validator
 
+from flexinfer_actuator.domain.presets import LOCAL_BACKENDS
 from flexinfer_actuator.domain.rendering import Backend, RenderSettings, backends_from
 from flexinfer_common.settings import CommaList, Duration, KubernetesSettings
 
@@ -17,7 +19,7 @@ DEFAULT_CLEANUP_TOLERATION = {"key": "dedicated", "operator": "Equal", "value": 
 
 
 class ActuatorSettings(KubernetesSettings):
-    """``FLEXINFER_*`` settings of the actuator (see CONTRACT section 8 for the shared ones).
+    """``FLEXINFER_*`` settings of the actuator (see docs/reference.md section 8 for the shared ones).
 
     Used here: ``nats_url``, ``actuator`` (back-end), ``actuator_port`` (ops HTTP server), ``bind_host``,
     ``admin_token``, ``instance_id``, ``readiness_probe_interval``, ``park_grace_period``, ``load_timeout``,
@@ -27,6 +29,9 @@ class ActuatorSettings(KubernetesSettings):
 
     state_dir: Path = Path(".flexinfer")
     """``FLEXINFER_STATE_DIR``: model process logs go to ``<state_dir>/logs/<namespace>_<model>.log``."""
+    local_run_as: str = "nobody"
+    """``FLEXINFER_LOCAL_RUN_AS``: the user (name or uid) model processes run as when the actuator runs as root;
+    ``root`` only when set so. Ignored when the actuator is not root (the processes run as its own user)."""
     leader_election_lease: str = "flexinfer-actuator"
     """``FLEXINFER_LEADER_ELECTION_LEASE``: the name of the coordination.k8s.io Lease the replicas share."""
 
@@ -38,6 +43,10 @@ class ActuatorSettings(KubernetesSettings):
     """``FLEXINFER_BACKENDS_FILE``: the same as a YAML file (applied after ``FLEXINFER_BACKENDS``)."""
     gpu_resource: str = "nvidia.com/gpu"
     """``FLEXINFER_GPU_RESOURCE``: the extended resource a rendered Pod requests (``amd.com/gpu`` on AMD nodes)."""
+    shared_gpu_resource: str = "nvidia.com/gpu.shared"
+    """``FLEXINFER_SHARED_GPU_RESOURCE``: what the Pod of a model in a group with a ``spec.capacity`` requests
+    instead, one per device it is placed on: the time-sliced or MPS replicas of the card the NVIDIA device plugin
+    advertises with ``renameByDefault: true`` (``nvidia.com/gpu`` when the plugin keeps the name)."""
     model_cache_claim: str = "flexinfer-model-cache"
     """``FLEXINFER_MODEL_CACHE_CLAIM``: the PersistentVolumeClaim ``cache.strategy: SharedPVC`` mounts."""
     model_source_root: str = "/models"
@@ -57,6 +66,23 @@ class ActuatorSettings(KubernetesSettings):
     cleanup_toleration: dict[str, Any] | None = DEFAULT_CLEANUP_TOLERATION
     """``FLEXINFER_CLEANUP_TOLERATION`` (JSON, or null): the toleration of the Jobs that remove tmpfs copies (the
     seed's cleanup Jobs need ``dedicated=gpu`` to reach tainted GPU nodes)."""
+
+    @field_validator("local_run_as")
+    @classmethod
+    def _user_exists(cls, value: str) -> str:
+        try:
+            pwd.getpwuid(int(value)) if value.isdigit() else pwd.getpwnam(value)
+        except KeyError:
+            raise ValueError(f"no such user {value!r} on this machine") from None
+        return value
+
+    @field_validator("local_engines")
+    @classmethod
+    def _engines_known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(LOCAL_BACKENDS))
+        if unknown:
+            raise ValueError(f"no local preset for {', '.join(unknown)} (local presets: {', '.join(LOCAL_BACKENDS)})")
+        return value
 
     @field_validator("backends_file")
     @classmethod
@@ -79,6 +105,7 @@ class ActuatorSettings(KubernetesSettings):
         return RenderSettings(
             backends=self.backend_table(),
             gpu_resource=self.gpu_resource,
+            shared_gpu_resource=self.shared_gpu_resource,
             cache_claim=self.model_cache_claim,
             tmpfs_root=self.flash_tmpfs_root.rstrip("/"),
             source_root=self.model_source_root.rstrip("/"),

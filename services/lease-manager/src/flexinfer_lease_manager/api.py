@@ -1,6 +1,6 @@
-"""The lease manager's REST API (CONTRACT section 4): ``/api/v1/leases``. Handlers validate and call the manager;
-they decide nothing themselves. A refusal changes nothing and answers 4xx in the one error shape, its ``code`` the
-refusal (``group_leased``, ``unknown_group``, ``owner_mismatch``, ...), its message naming the problem."""
+"""The lease manager's REST API (docs/reference.md section 4): ``/api/v1/leases``. Handlers validate and call the
+manager; they decide nothing themselves. A refusal changes nothing and answers 4xx in the one error shape, its
+``code`` the refusal (``group_leased``, ``unknown_group``, ``owner_mismatch``, ...), its message naming the problem."""
 
 from __future__ import annotations
 

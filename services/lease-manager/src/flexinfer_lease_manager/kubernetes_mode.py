@@ -31,8 +31,8 @@ from flexinfer_common.kube.leader import act_while_leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.notes import EventType, Note
 from flexinfer_lease_manager.adapters.store import LeaseStore
-from flexinfer_lease_manager.domain.kubernetes import (
-    LEGACY_LABEL,
+from flexinfer_lease_manager.domain.carriers import LEGACY_LABEL
+from flexinfer_lease_manager.domain.gpulease_plan import (
     KubePlan,
     KubeWorld,
     admission_patch,

@@ -38,9 +38,9 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: C
         kube = connect_from_settings(settings, user_agent=f"flexinfer-lease-manager/{__version__} ({instance})")
     engine = create_engine(settings.database_url, pool_size=5)
     store = LeaseStore(session_factory(engine))
-    bus = Bus(settings.nats_url, name=f"flexinfer-lease-manager:{instance}")
+    bus = Bus(settings.nats_url, name=f"flexinfer-lease-manager:{instance}", auth=settings.nats_auth())
     await bus.connect()
-    await bus.ensure_streams()
+    await bus.ensure_streams(owner=False)
     system_namespace = own_namespace(settings.namespace)
     mode: KubernetesMode | None = None
     manager = LeaseManager(

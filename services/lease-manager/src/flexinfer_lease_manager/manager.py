@@ -17,10 +17,9 @@ import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from nats.js.api import DeliverPolicy
-from pydantic import BaseModel
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus, Consumer, Delivery, decode_json
@@ -28,6 +27,7 @@ from flexinfer_common.clock import Clock, rfc3339
 from flexinfer_common.enums import LeasePhase
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import GroupStatusUpdate, LeaseEvent, LeaseRef, ModelStatusUpdate
+from flexinfer_common.ports import Publisher
 from flexinfer_lease_manager.adapters.store import LeaseStore
 from flexinfer_lease_manager.domain.leases import (
     Lease,
@@ -57,10 +57,6 @@ _PARKING_POLL = 1.0  # a lost status message cannot keep a lease Parking for lon
 
 class ClientGone(Exception):
     """The caller of a waiting acquire disconnected before the group was free: nothing is taken for nobody."""
-
-
-class Publisher(Protocol):
-    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The lease manager's metrics: the seed's two GPU lease metrics, exactly (CONTRACT section 5), which no other
+"""The lease manager's metrics: the seed's two GPU lease metrics, exactly (docs/reference.md section 5), which no other
 service emits, and whether this replica acts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The lease manager's settings: the shared ones (CONTRACT section 8), the Kubernetes ones, and its own."""
+"""The lease manager's settings: the shared ones (docs/reference.md section 8), the Kubernetes ones, and its own."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@
 | path | |
 |---|---|
 | ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` (any ``POST /v1/...``) | model from the body |
-| ``GET /v1/models``, ``GET /v1/models/{model}`` | every managed model, OpenAI-style, plus namespace/state/ready |
+| ``POST /v1/audio/...``, ``/v1/images/...`` as ``multipart/form-data`` | model from the form field, body streamed |
+| ``GET /v1/models``, ``GET /v1/models/{model}`` | every managed model, OpenAI-style, plus namespace/state/ready, |
+| | and every service label as an alias (``alias_of``: the model a request for it goes to now) |
 | ``/{namespace}/{model}/<path>`` | any method, forwarded to the model as ``<path>`` (query kept) |
 | ``GET /api/v1/queues`` | waiting requests per model (bearer token when FLEXINFER_ADMIN_TOKEN is set) |
 | ``/healthz``, ``/readyz``, ``/metrics`` | operations |
@@ -19,31 +21,39 @@ Two paths, chosen per request:
 
 A client that leaves stops what is done for it: the wait (it leaves the queue and its demand), or the forwarding
 (the model connection is closed).
+
+A ``stream: true`` request that waits longer than ``stream_keepalive`` seconds gets its head early and SSE comments
+until its answer (``adapters.keepalive``); its errors are then events, not statuses (``_answer_error``). A multipart
+body (``/v1/audio/...``, ``/v1/images/...``) is read only up to its ``model`` field (``_FormModel``), then streamed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from time import monotonic
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
+from flexinfer_common.auth import bearer_matches
+from flexinfer_common.errors import ErrorCode
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_common.tasks import cancel_and_wait
 from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
+from flexinfer_proxy.adapters.keepalive import KeptAliveExchange, StreamKeepAlive
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
+from flexinfer_proxy.domain.multipart import ModelField, multipart_boundary, no_model
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
-from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.domain.routes import Resolved, ResolvedBy, RouteTable
 from flexinfer_proxy.metrics import PROXY_COLD_STARTS
 from flexinfer_proxy.queues import ModelQueues, Slot
 from flexinfer_proxy.tally import RequestTally, render_metrics
@@ -78,9 +88,13 @@ class ProxyHandler:
         api_keys: ApiKeys | None = None,
         queued_bytes_max: int | None = None,
         suspect_for: float = 2.0,
+        stream_keepalive: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
+        routes_caught_up: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._routes = routes
+        # a request for a model the table does not hold waits for the route watch to catch up before its 404
+        self._caught_up = routes_caught_up
         self._queues = queues
         self._forwarder = forwarder
         self._tally = tally
@@ -94,6 +108,8 @@ class ProxyHandler:
         self._api_keys = api_keys
         self._queued_bytes_max = queued_bytes_max
         self._suspect_for = suspect_for
+        self._stream_keepalive = stream_keepalive  # seconds between comment lines for waiting streams (0: none)
+        self._kept_alive: dict[Request, StreamKeepAlive] = {}
         self._monotonic = monotonic
         self._tasks: set[asyncio.Task[None]] = set()
         self._resolved: dict[str, tuple[ModelKey, Route, Endpoint | None]] = {}
@@ -110,9 +126,13 @@ class ProxyHandler:
                 target = request.url = _origin_target(target)
             if target[:4] == b"/v1/" and target.find(b"%") < 0:  # (``find``: see ``framing_of``)
                 if self._api_keys is not None and not self._api_keys.allows(request.authorization):
-                    raise errors.invalid_api_key()
-                if request.method == b"POST" and target[:10] != b"/v1/models":
-                    return False  # the body is collected, then ``request``
+                    self._check_api_key(request)  # (an Anthropic client's ``x-api-key``)
+                if request.method == b"POST":
+                    prefix = target[:10]
+                    if prefix != b"/v1/models":
+                        if prefix != b"/v1/audio/" and prefix != b"/v1/images":
+                            return False  # the body is collected, then ``request``
+                        return self._form(request, target)
             return self._dispatch(request, target)
         except ProxyError as error:
             request.conn.respond_error(request, error)
@@ -134,7 +154,9 @@ class ProxyHandler:
                 if not self._loaded.is_set():
                     self._wait(request, self._serve_when_loaded(request, model, target, body))
                     return
-                hit = self._resolve(model)
+                hit = self._resolve_or_wait(request, model, target, body)
+                if hit is None:
+                    return
             key, route, endpoint = hit
             if endpoint is not None and route.ready and not self._queues.length(key):
                 # ``_forward_or_queue``, ``_forward_now`` and ``forward_now`` inlined for the usual request.
@@ -148,6 +170,60 @@ class ProxyHandler:
         except Exception:
             log.exception("request failed", extra={"path": request.url.decode("latin-1", "replace")[:200]})
             self._answer_error(request, key, errors.internal_error())
+
+    def _form(self, request: Request, target: bytes) -> bool:
+        """A ``/v1/audio/...`` or ``/v1/images/...`` POST: a ``multipart/form-data`` body is read only up to its
+        ``model`` field, then streamed on (``_FormModel``); any other body is collected for ``request`` (False)."""
+        content_type = None
+        for name, value in request.headers:
+            if name.lower() == b"content-type":
+                content_type = value
+                break
+        boundary = multipart_boundary(content_type)
+        if boundary is None:
+            return False
+        if not request.has_body:
+            raise no_model()
+        request.attach(_FormModel(self, request, target, ModelField(boundary)))
+        return True
+
+    def serve_streamed(self, request: Request, model: str, target: bytes) -> None:
+        """Forward or queue a request whose body streams (what arrived of it is in ``request.parts``)."""
+        key: ModelKey | None = None
+        try:
+            if not self._loaded.is_set():
+                self._wait(request, self._serve_when_loaded(request, model, target, None))
+                return
+            hit = self._resolve_or_wait(request, model, target, None)
+            if hit is None:
+                return
+            key, route, endpoint = hit
+            self._forward_or_queue(request, key, route, endpoint, target, None)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
+
+    def _resolve_or_wait(
+        self, request: Request, model: str, target: bytes, body: bytes | None
+    ) -> tuple[ModelKey, Route, Endpoint | None] | None:
+        """``_resolve``; for a model the table does not hold, None: the request goes on once the route watch has
+        caught up with the bucket (a model applied a moment ago is then found; an unknown one gets its 404)."""
+        try:
+            return self._resolve(model)
+        except ProxyError as error:
+            if error.code is not ErrorCode.MODEL_NOT_FOUND or self._caught_up is None:
+                raise
+        self._wait(request, self._serve_when_caught_up(request, model, target, body))
+        return None
+
+    async def _serve_when_caught_up(self, request: Request, model: str, target: bytes, body: bytes | None) -> None:
+        key: ModelKey | None = None
+        try:
+            assert self._caught_up is not None
+            await self._caught_up()
+            key, route, endpoint = self._resolve(model)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
+        except ProxyError as error:
+            self._answer_error(request, key, error)
 
     def _resolve(self, model: str) -> tuple[ModelKey, Route, Endpoint | None]:
         """The model a request names, its route, and where a Ready one listens; cached until the table changes."""
@@ -309,6 +385,11 @@ class ProxyHandler:
     def _answer_error(self, request: Request, key: ModelKey | None, error: ProxyError) -> None:
         if key is not None:
             self._tally.count(key, error.status, request.arrived)
+        if request.answering:  # (a waiting stream kept alive: its 200 head went out)
+            kept = self._kept_alive.pop(request, None)
+            if kept is not None:
+                kept.fail(error, request.url)
+                return
         request.conn.respond_error(request, error)
 
     def _endpoint(self, key: ModelKey, route: Route) -> Endpoint:
@@ -326,6 +407,14 @@ class ProxyHandler:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self._stream_keepalive:
+
+            def forget(_: object) -> None:
+                kept = self._kept_alive.pop(request, None)
+                if kept is not None:
+                    kept.stop()
+
+            task.add_done_callback(forget)
 
         def gone() -> None:
             task.cancel()
@@ -372,8 +461,21 @@ class ProxyHandler:
             waiter = self._queues.join(key, held=_held(request, body))
             if since is None:
                 since = waiter.arrived_at
+            kept = self._kept_alive.get(request)
+            if kept is None and self._stream_keepalive and _streams(request, body):
+                kept = self._kept_alive[request] = StreamKeepAlive(
+                    request,
+                    model=key.name,
+                    interval=self._stream_keepalive,
+                    phase=lambda: self._phase(key),
+                    since=since,
+                )
+            elif kept is not None:
+                kept.resume()  # (back in the queue after a refused connect)
             try:
                 route = await self._queues.wait_turn(key, waiter)
+                if kept is not None:
+                    kept.stop()
                 waited_ms = round((self._monotonic() - since) * 1000)
                 PROXY_COLD_STARTS.labels(namespace=key.namespace, model=key.name).inc()
                 failure = await self._forward_after_wait(request, key, route, target, body, waiter, waited_ms)
@@ -404,6 +506,9 @@ class ProxyHandler:
         def started() -> None:
             self._queues.leave(key, waiter)
 
+        kept = self._kept_alive.get(request)
+        if kept is not None and kept.started:
+            kept.waited(waited_ms)
         exchange = self._forwarder.exchange(
             request,
             key,
@@ -418,6 +523,7 @@ class ProxyHandler:
             if route.woken
             else ((QUEUE_WAIT_HEADER, str(waited_ms).encode()), (COLD_START_HEADER, b"true")),
             on_sent=started,
+            kind=KeptAliveExchange if kept is not None and kept.started else None,
         )
         try:
             error = await ended
@@ -425,6 +531,7 @@ class ProxyHandler:
             exchange.client_gone()
             raise
         if error is None:
+            self._kept_alive.pop(request, None)
             if not exchange.client_left:
                 self._tally.count(key, exchange.status, request.arrived, exchange.head_at)
                 request.conn.finish(request)
@@ -476,6 +583,11 @@ class ProxyHandler:
             return
         await self._wait_and_forward(request, key, target, body, requeues=requeues + 1, since=since)
 
+    def _phase(self, key: ModelKey) -> str:
+        """What a waiting model is doing, for the keep-alive comments (``loading``, ``draining``...)."""
+        route = self._routes.get(key)
+        return route.phase.value.lower() if route is not None else "unknown"
+
     def _unsuspect(self, key: ModelKey, route: Route) -> None:
         """The ``suspect`` mark ran out with no newer route from the KV: its route applies again (waiters try it)."""
         if self._routes.unsuspect(key, route):
@@ -492,20 +604,27 @@ class ProxyHandler:
     def _check_api_key(self, request: Request) -> None:
         keys = self._api_keys
         if keys is not None and not keys.allows(request.authorization):
+            # Anthropic's clients send the key as ``x-api-key`` (read only here, when Authorization did not do).
+            for name, value in request.headers:
+                if name.lower() == b"x-api-key" and keys.allows(b"Bearer " + value):
+                    return
             raise errors.invalid_api_key()
 
     def _authorize(self, request: Request) -> None:
         if self._admin_token is None:
             return
-        scheme, _, given = (request.authorization or b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self._admin_token):
+        if not bearer_matches(request.authorization, self._admin_token):
             raise errors.unauthorized()
 
     def _models(self, model: str | None) -> bytes:
         if model is not None:
             resolved = self._routes.resolve(model, default_namespace=self._namespace)
+            if resolved.by is ResolvedBy.SERVICE_LABEL:
+                return json_body(_alias_object(model.rpartition("/")[2], resolved))
             return json_body(_model_object(resolved.route))
-        return json_body({"object": "list", "data": [_model_object(route) for route in self._routes]})
+        data = [_model_object(route) for route in self._routes]
+        data += [_alias_object(label, resolved) for label, resolved in self._routes.aliases()]
+        return json_body({"object": "list", "data": data})
 
     def _queue_list(self) -> bytes:
         items = [
@@ -535,6 +654,18 @@ def _origin_target(url: bytes) -> bytes:
     return path + b"?" + parsed.query if parsed.query else path
 
 
+def _streams(request: Request, body: bytes | None) -> bool:
+    """Whether a waiting request asks for a streamed answer (``"stream": true`` in its JSON body) that can be kept
+    alive: an HTTP/1.1 client (chunked framing) whose body the proxy holds."""
+    if body is None or request.version != "1.1" or body.find(b'"stream"') < 0:
+        return False
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and parsed.get("stream") is True
+
+
 def _held(request: Request, body: bytes | None) -> int:
     """The bytes a waiting request keeps in memory: its body, or what arrived of a streamed one."""
     return len(body) if body is not None else request.body_size
@@ -548,6 +679,47 @@ def _current_task_canceller() -> Callable[[], None]:
         task.cancel()
 
     return gone
+
+
+class _FormModel:
+    """The body sink of a multipart request until its ``model`` field is read: it keeps the bytes, then hands the
+    request (those bytes first, the rest streamed) to ``serve_streamed``."""
+
+    __slots__ = ("field", "handler", "kept", "request", "target")
+
+    def __init__(self, handler: ProxyHandler, request: Request, target: bytes, field: ModelField) -> None:
+        self.handler = handler
+        self.request = request
+        self.target = target
+        self.field = field
+        self.kept: list[bytes] = []
+
+    def body_piece(self, data: bytes) -> None:
+        self.kept.append(data)
+        try:
+            model = self.field.feed(data)
+        except ProxyError as error:
+            self._refuse(error)
+            return
+        if model is not None:
+            request = self.request
+            request.detach()
+            request.parts = [b"".join(self.kept)]
+            self.kept = []
+            self.handler.serve_streamed(request, model, self.target)
+
+    def body_end(self) -> None:
+        self._refuse(no_model())
+
+    def _refuse(self, error: ProxyError) -> None:
+        request = self.request
+        request.detach()
+        self.kept = []
+        request.conn.respond_error(request, error)
+
+
+def _alias_object(label: str, resolved: Resolved) -> dict[str, Any]:
+    return {**_model_object(resolved.route), "id": label, "alias_of": str(resolved.key)}
 
 
 def _model_object(route: Route) -> dict[str, Any]:

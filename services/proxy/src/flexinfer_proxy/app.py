@@ -12,16 +12,17 @@ from collections.abc import Callable
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
-from flexinfer_proxy.adapters.demand import DemandSignaller
+from flexinfer_proxy.adapters.demand_publisher import DemandSignaller
 from flexinfer_proxy.adapters.forwarding import Forwarder
 from flexinfer_proxy.adapters.http_server import HttpServer
 from flexinfer_proxy.adapters.in_flight import InFlightReporter
 from flexinfer_proxy.adapters.routes_watcher import RouteWatcher
 from flexinfer_proxy.api import ProxyHandler
 from flexinfer_proxy.domain.errors import shutting_down
-from flexinfer_proxy.domain.routes import ModelKey, RouteTable
+from flexinfer_proxy.domain.routes import RouteTable
 from flexinfer_proxy.queues import ModelQueues
 from flexinfer_proxy.settings import ProxySettings
 from flexinfer_proxy.tally import RequestTally
@@ -91,9 +92,11 @@ class Proxy:
             api_keys=settings.api_keys(),
             queued_bytes_max=settings.proxy_max_queued_bytes,
             suspect_for=settings.proxy_suspect_for.total_seconds(),
+            stream_keepalive=settings.proxy_stream_keepalive_interval.total_seconds(),
             monotonic=monotonic,
+            routes_caught_up=self.watcher.caught_up,
         )
-        self.server = HttpServer(self.handler, max_body=settings.proxy_max_request_body)
+        self.server = HttpServer(self.handler, max_body=settings.proxy_max_request_body, limits=settings.limits())
         self._started = False
 
     # --- RouteSink: the watcher's updates go to the table, then to the model's waiters ---

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -37,9 +38,9 @@ PARENT_CHECK_INTERVAL = 1.0
 
 async def serve(settings: ProxySettings, stop: asyncio.Event, *, worker: bool = False) -> None:
     instance_id = settings.make_instance_id()
-    bus = Bus(settings.nats_url, name=f"flexinfer-proxy:{instance_id}")
+    bus = Bus(settings.nats_url, name=f"flexinfer-proxy:{instance_id}", auth=settings.nats_auth())
     await bus.connect()
-    await bus.ensure_streams()
+    await bus.ensure_streams(owner=False)
     proxy = Proxy(settings, bus, instance_id=instance_id, reuse_port=worker)
     watch = _OrphanWatch(stop) if worker else None
     try:
@@ -130,12 +131,33 @@ def supervise(settings: ProxySettings) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
+def ensure_descriptors(needed: int) -> None:
+    """Raise the open-files limit (RLIMIT_NOFILE) to what the connection caps need, up to the hard limit; a hard
+    limit below it is a SettingsError (the caps could never be reached: the proxy would run out of descriptors
+    first and answer nobody)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SettingsError(
+            f"bad setting: FLEXINFER_PROXY_MAX_CONNECTIONS: the open-files limit ({hard}, ulimit -Hn) is below the "
+            f"{needed} descriptors the caps need (FLEXINFER_PROXY_MAX_CONNECTIONS + "
+            "FLEXINFER_PROXY_UPSTREAM_CONNECTIONS + 256): lower them or raise the limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def run() -> None:
     parser = argparse.ArgumentParser(prog="flexinfer-proxy", description="FlexInfer proxy (settings: FLEXINFER_*)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     try:
         settings = load_settings(ProxySettings)
+    except SettingsError as exc:
+        print(f"flexinfer-proxy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        ensure_descriptors(settings.descriptors_needed())
     except SettingsError as exc:
         print(f"flexinfer-proxy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

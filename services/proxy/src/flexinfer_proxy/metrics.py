@@ -1,4 +1,4 @@
-"""The proxy's metrics (CONTRACT section 5); no other service registers them."""
+"""The proxy's metrics (docs/reference.md section 5); no other service registers them."""
 
 from __future__ import annotations
 
@@ -28,4 +28,13 @@ PROXY_TIME_TO_FIRST_BYTE = Histogram(
     "From a request's arrival to the head of the model's answer, per model (queue wait included)",
     ["namespace", "model"],
     buckets=REQUEST_BUCKETS,
+)
+
+PROXY_OPEN_CONNECTIONS = Gauge(
+    "flexinfer_proxy_open_connections", "Client connections open and served (not counting those being refused)"
+)
+PROXY_SHED = Counter(
+    "flexinfer_proxy_shed_total",
+    "Client connections refused (past the caps) and requests cut (too slow), by reason",
+    ["reason"],
 )

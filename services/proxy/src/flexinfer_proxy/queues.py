@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Route
-from flexinfer_proxy.adapters.demand import DemandSignaller
+from flexinfer_proxy.adapters.demand_publisher import DemandSignaller
 from flexinfer_proxy.domain.admission import (
     QueueAction,
     TimeoutAnswer,
@@ -34,8 +35,7 @@ from flexinfer_proxy.domain.errors import (
     model_removed,
     queue_timeout,
 )
-from flexinfer_proxy.domain.queue import Waiter, WaitQueue
-from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_proxy.domain.fifo import Waiter, WaitQueue
 from flexinfer_proxy.metrics import PROXY_QUEUE_DEPTH, PROXY_QUEUE_WAIT
 
 Slot = Waiter["asyncio.Future[Route]"]

@@ -8,11 +8,12 @@ import uuid
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import NoDecode
 
 from flexinfer_common.settings import CommonSettings, Duration
 from flexinfer_proxy.domain.requests import ApiKeys
+from flexinfer_proxy.domain.shedding import Limits
 
 
 def _keys(value: object) -> object:
@@ -59,6 +60,69 @@ class ProxySettings(CommonSettings):
     proxy_shutdown_timeout: Duration = Field(
         timedelta(seconds=10), description="How long in-flight requests may run on after SIGTERM"
     )
+
+    proxy_max_connections: int = Field(
+        8192,
+        ge=1,
+        description="Client connections open at once; one more is refused at once (503 too_many_connections once "
+        "its request head is read, or closed)",
+    )
+    proxy_max_connections_per_client: int = Field(
+        1024,
+        ge=0,
+        description="Client connections open at once from one address (0: no such cap); behind a load balancer "
+        "every client has its address, so raise it or set 0",
+    )
+    proxy_header_timeout: Duration = Field(
+        timedelta(seconds=10),
+        description="How long a request head may take from its first byte (from the connection's opening for the "
+        "first request) before 408 request_timeout",
+    )
+    proxy_body_timeout: Duration = Field(
+        timedelta(seconds=10),
+        description="How long a request body may take beyond its size at FLEXINFER_PROXY_BODY_MIN_RATE before 408 "
+        "request_timeout",
+    )
+    proxy_body_min_rate: int = Field(
+        8192,
+        ge=1,
+        description="Bytes per second a request body must keep up, on average, after FLEXINFER_PROXY_BODY_TIMEOUT",
+    )
+
+    proxy_stream_keepalive_interval: Duration = Field(
+        timedelta(seconds=5),
+        description="A stream: true request that waits this long gets its 200 text/event-stream head early, then "
+        "an SSE comment line this often until its answer begins (0s: never)",
+    )
+
+    @model_validator(mode="after")
+    def _limits_make_sense(self) -> ProxySettings:
+        if self.proxy_stream_keepalive_interval.total_seconds() < 0:
+            raise ValueError("FLEXINFER_PROXY_STREAM_KEEPALIVE_INTERVAL must not be negative")
+        for name in ("proxy_header_timeout", "proxy_body_timeout"):
+            if getattr(self, name).total_seconds() <= 0:
+                raise ValueError(f"FLEXINFER_{name.upper()} must be more than 0 seconds")
+        if self.proxy_max_connections_per_client > self.proxy_max_connections:
+            raise ValueError(
+                "FLEXINFER_PROXY_MAX_CONNECTIONS_PER_CLIENT must not be more than FLEXINFER_PROXY_MAX_CONNECTIONS "
+                f"({self.proxy_max_connections_per_client} > {self.proxy_max_connections})"
+            )
+        return self
+
+    def limits(self) -> Limits:
+        """The client connection caps and request deadlines (``domain.shedding``)."""
+        return Limits(
+            max_connections=self.proxy_max_connections,
+            max_per_client=self.proxy_max_connections_per_client,
+            header_timeout=self.proxy_header_timeout.total_seconds(),
+            body_timeout=self.proxy_body_timeout.total_seconds(),
+            body_min_rate=float(self.proxy_body_min_rate),
+        )
+
+    def descriptors_needed(self) -> int:
+        """File descriptors the proxy may need at once: client and model connections, plus a margin (the bus,
+        logs, the listening socket)."""
+        return self.proxy_max_connections + self.proxy_upstream_connections + 256
 
     def api_keys(self) -> ApiKeys | None:
         """The data plane's API keys, or None when the data plane is open."""

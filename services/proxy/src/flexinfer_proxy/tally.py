@@ -22,8 +22,8 @@ from time import monotonic
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.metrics import render_latest
-from flexinfer_proxy.domain.routes import ModelKey
 from flexinfer_proxy.metrics import PROXY_REQUEST_DURATION, PROXY_REQUESTS, PROXY_TIME_TO_FIRST_BYTE
 
 

@@ -20,47 +20,36 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, overload
 
-from pydantic import BaseModel, ValidationError
-
 from flexinfer_common import subjects
 from flexinfer_common.bus import Delivery, decode_demand, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
-from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPhase
+from flexinfer_common.enums import ModelPhase, RuntimePhase, SharedState
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
-from flexinfer_common.manifests import describe_validation_error
 from flexinfer_common.messages import (
-    WOKEN,
     ActuatorHello,
     Demand,
-    GroupStatusUpdate,
     InFlightReport,
-    LeaseRef,
-    ModelRef,
+    ModelEvent,
     ModelStatus,
-    ModelStatusUpdate,
-    Route,
     RuntimeStatus,
-    ScaleCommand,
     SharedGroupStatus,
-    SwapEvent,
-    message_id,
     new_id,
 )
 from flexinfer_scheduler.domain.election import ElectionParams
-from flexinfer_scheduler.domain.manifests import spec_facts, visible_group
-from flexinfer_scheduler.domain.model import Member, ModelKey
-from flexinfer_scheduler.domain.plan import Command, GroupPlan, StatusView, plan_group
+from flexinfer_scheduler.domain.manifests import visible_group
+from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
 from flexinfer_scheduler.metrics import (
     ELECTION_DURATION,
     LEASE_READ_ERRORS,
+    MODEL_RESTARTS,
     SCHEDULER_LEADER,
-    SWAP_DURATION,
-    SWAPS,
     GroupGauges,
     group_view,
 )
 from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore, Stoppable, World
+from flexinfer_scheduler.publishing import PassPublisher
 from flexinfer_scheduler.settings import SchedulerSettings
 from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
 
@@ -127,21 +116,25 @@ class Scheduler:
             demand_window=settings.shared_demand_window,
             recent_window=settings.recent_leader_window,
             default_swap_cooldown=settings.default_swap_cooldown,
-            quiet_after=settings.quiet_yield,
+            quiet_period=settings.quiet_yield or ElectionParams.quiet_period,
+            policy=settings.scheduling_policy,
+            explicit_swap_cooldown=settings.explicit_swap_cooldown,
         )
         # The proxies report in-flight counts every activity interval: a report older than a few is from a proxy
         # that is gone, and a drain waits one interval for the counts of a model that served lately.
         self.drain_settle = settings.activity_report_interval
-        self.in_flight_ttl = max(3 * settings.activity_report_interval, timedelta(seconds=5))
+        self.in_flight_ttl = settings.in_flight_ttl
+        # A source's queued count stands until it reports 0 or misses a few demand refreshes (whatever the demand
+        # window): a model with requests waiting wants the GPU until they are answered or gone.
+        self.queued_ttl = settings.queued_ttl
         self.is_leader = False
         self._kick = asyncio.Event()
         self._dirty: set[str] = set()
         self._full_pass_due = True
         self._last_full_pass = -float("inf")
-        # what was last published per model, to publish only changes
-        self._routes: dict[ModelKey, tuple[Any, ...]] = {}
-        self._statuses: dict[ModelKey, tuple[Any, ...]] = {}
-        self._group_statuses: dict[str, tuple[Any, ...]] = {}
+        # what a pass publishes, and what was last published, to publish only changes
+        self.publisher = PassPublisher(bus=bus, lock=lock, clock=clock)
+        self._moves_told: dict[ModelKey, str | None] = {}  # the deferred moves logged (a warning once per move)
         self._group_gauges = GroupGauges()
         self._consumers: list[Stoppable] = []
         self._last_prune = -float("inf")
@@ -199,9 +192,7 @@ class Scheduler:
     async def _become_leader(self) -> None:
         log.info("leading: consuming the bus and running elections")
         SCHEDULER_LEADER.set(1)
-        self._routes.clear()  # publish every route once as the new leader
-        self._statuses.clear()
-        self._group_statuses.clear()
+        self.publisher.reset()  # publish every route and status once as the new leader
         consumers: list[Any] = [
             (subjects.DEMAND_STREAM, "scheduler-demand", subjects.DEMAND_PREFIX, decode_demand, self.on_demand),
             (
@@ -274,6 +265,7 @@ class Scheduler:
             queued=demand.queued,
             when=when,
             message_id=delivery.message_id,
+            valid_for=timedelta(seconds=demand.valid_for) if demand.valid_for is not None else None,
         )
         if group is not None:
             self.kick(group)
@@ -290,6 +282,12 @@ class Scheduler:
             self.kick(group)  # a count fell to zero: a drain may be over
 
     async def on_runtime_status(self, status: RuntimeStatus, _: Delivery) -> None:
+        if status.phase is RuntimePhase.FAILED:
+            crash = await self.store.note_crash(
+                namespace=status.namespace, name=status.model, generation=status.generation
+            )
+            if crash is not None:
+                await self._announce_crash(status, restarts=crash[0], group=crash[1])
         group = await self.store.record_runtime(
             namespace=status.namespace,
             name=status.model,
@@ -303,6 +301,33 @@ class Scheduler:
             self.kick(group)
         else:
             log.debug("stale runtime status ignored", extra={"model": f"{status.namespace}/{status.model}"})
+
+    async def _announce_crash(self, status: RuntimeStatus, *, restarts: int, group: str | None) -> None:
+        """A model that was Ready crashed: an event with the exit reason and a metric (the restart follows from the
+        next pass, after the back-off)."""
+        MODEL_RESTARTS.inc(status.namespace, status.model)
+        reason = status.message or "exited"
+        log.warning(
+            "model crashed after it was Ready; restarting",
+            extra={
+                "model": f"{status.namespace}/{status.model}",
+                "reason": reason[:500],
+                "restarts": restarts,
+            },
+        )
+        event = ModelEvent(
+            kind="model.crashed",
+            namespace=status.namespace,
+            model=status.model,
+            group=visible_group(group) if group else None,
+            status=ModelStatus(phase=ModelPhase.FAILED, message=f"crashed: {reason}", restarts=restarts),
+            restarts=restarts,
+            time=status.time,
+        )
+        subject = subjects.event_subject("model", group or "none")
+        await self.publisher.publish_all(
+            [(subject, event, f"crash:{status.namespace}/{status.model}:{status.generation}")]
+        )
 
     async def on_actuator_hello(self, hello: ActuatorHello, _: Delivery) -> None:
         count = await self.store.forget_runtime()
@@ -345,8 +370,8 @@ class Scheduler:
         # Models published before but planned by no pass of this reconcile were deleted (or moved to a group that
         # appeared meanwhile): only then are all the models' keys read, to be sure (at 10,000 models the read holds
         # the loop for milliseconds, and the reconcile runs every few seconds).
-        if any(key not in seen for key in self._routes):
-            await self._forget_deleted(await self.store.model_keys())
+        if self.publisher.published_any_but(seen):
+            await self._announce_if_back(await self.publisher.forget_deleted(await self.store.model_keys()))
         if self._monotonic() - self._last_prune > 60:
             self._last_prune = self._monotonic()
             await self.store.prune(self.clock.now(), self.settings.prune_after)
@@ -383,9 +408,7 @@ class Scheduler:
     async def _election_pass(self, groups: set[str] | None, *, give_way: bool) -> PassResult | None:
         started = time.perf_counter()
         now = self.clock.now()
-        world, leases_ok = await self.store.load_world(
-            now, self.settings.shared_demand_window, groups, in_flight_ttl=self.in_flight_ttl
-        )
+        world, leases_ok = await self.store.load_world(now, self.queued_ttl, groups, in_flight_ttl=self.in_flight_ttl)
         if give_way and self._dirty:
             return None
         if not leases_ok:
@@ -399,304 +422,83 @@ class Scheduler:
         # model once it reads one, and by then the admin API must show it Ready. They, and everything else, wait
         # until the plan is stored.
         write = asyncio.create_task(self.store.apply_plans(world, plans, now))
-        routes = self._changed_routes(plans, now)
+        routes = self.publisher.changed_routes(plans, now)
         ready = [r for r in routes if r[2].ready]
         try:
-            await self._put_routes([r for r in routes if not r[2].ready])
+            await self.publisher.put_routes([r for r in routes if not r[2].ready])
             await write  # a failed write raises here: no command nor status goes out for a plan not stored
         except BaseException:
             if not write.cancel() and not write.cancelled():
                 write.exception()  # (retrieved: its failure is not what is raised)
             raise
-        await self._put_routes(ready)
+        await self.publisher.put_routes(ready)
         for group, plan in zip(world.groups, plans, strict=True):
             self._group_gauges.show(plan.group, group_view(group, plan))
         if groups is None:
             self._group_gauges.retain(plan.group for plan in plans)
-        await self._publish(plans, world, now)
+        await self.publisher.publish(plans, world, now)
+        await self._finish_deletions(world, plans)
+        await self._finish_moves(world, plans)
         if groups is None:
-            await self._forget_deleted({key for plan in plans for key in plan.members})
+            await self._announce_if_back(
+                await self.publisher.forget_deleted({key for plan in plans for key in plan.members})
+            )
         return PassResult(plans, elapsed)
 
-    def _changed_routes(self, plans: list[GroupPlan], now: datetime) -> list[tuple[ModelKey, tuple[Any, ...], Route]]:
-        """The routes that changed, the first of what a pass publishes (the proxies read them: a model being parked
-        was already published not ready, in the pass that started its drain); those that make a model ready go out
-        once the plan is stored. What did not change is left out before any I/O (a quiet pass over 10,000 models
-        publishes nothing and costs nothing here)."""
-        return [
-            r
-            for plan in plans
-            for k, v in plan.statuses.items()
-            if (r := self._route(plan.members[k], plan.group, v, now))
-        ]
-
-    async def _put_routes(self, routes: list[tuple[ModelKey, tuple[Any, ...], Route]]) -> None:
-        if not routes:
+    async def _finish_deletions(self, world: World, plans: list[GroupPlan]) -> None:
+        """Deleted models the actuator confirmed parked (and this pass commands nothing) lose their row and route."""
+        commanded = {command.key for plan in plans for command in plan.commands}
+        keys = [m.key for g in world.groups for m in g.members if m.deleting and m.parked and m.key not in commanded]
+        if not keys:
             return
-        try:
-            written = await self.bus.put_routes([route for _, _, route in routes])
-        except Exception as exc:
-            log.warning("route publish failed; retrying next pass", extra={"error": repr(exc)})
-            written = [False] * len(routes)
-        for (key, fields, _), ok in zip(routes, written, strict=True):
-            if ok:
-                self._routes[key] = fields
-        if not all(written):
-            log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
+        for row in await self.store.finish_deletions(keys):
+            log.info("model deleted: parked", extra={"model": f"{row.namespace}/{row.name}"})
+            await self.forget_route(row.namespace, row.name)
+            if row.group_name:
+                self.kick(row.group_name)
 
-    async def _publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
-        """What the stored plans say to publish after their routes: commands, then what only observers read
-        (statuses, the groups' status, swap events), what changed only, together (JetStream acks pipelined)."""
-        commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, world, now))]
-        made: dict[tuple[Any, ...], ModelStatus] = {}
-        statuses = [
-            u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now, made))
-        ]
-        groups = [g for plan in plans if (g := self._group_status(plan, now))]
-        events = [e for plan in plans for e in self._swap_events(plan, now)]
-        # Commands and what observers read go out in one batch, commands first (one round trip for the acks
-        # instead of two: it is on the way from every event to the next pass).
-        published = await self._publish_all(
-            [
-                *commands,
-                *((subjects.model_status_subject(k.namespace, k.name), u, None) for k, _, u in statuses),
-                *((subjects.group_status_subject(g), u, None) for g, _, u in groups),
-                *events,
-            ]
-        )
-        published = published[len(commands) :]
-        for (key, fields, _), ok in zip(statuses, published, strict=False):
-            if ok:
-                self._statuses[key] = fields
-        for (group, fields, _), ok in zip(groups, published[len(statuses) :], strict=False):
-            if ok:
-                self._group_statuses[group] = fields
-
-    def _swap_events(self, plan: GroupPlan, now: datetime) -> list[tuple[str, BaseModel, str | None]]:
-        """The plan's swap events (and their metrics and log lines)."""
-        out: list[tuple[str, BaseModel, str | None]] = []
-        for update in plan.swap_updates:
-            swap = update.swap
-            if update.created:
-                SWAPS.inc(
-                    plan.group,
-                    swap.from_model.name if swap.from_model else "",
-                    swap.to_model.name if swap.to_model else "",
-                    swap.reason.value,
+    async def _finish_moves(self, world: World, plans: list[GroupPlan]) -> None:
+        """Models a membership change from Kubernetes moves out of their group join the new one once the actuator
+        confirmed them parked in the old (and this pass commands nothing to them); both groups are elected again."""
+        commanded = {command.key for plan in plans for command in plan.commands}
+        moving = [(g.name, m) for g in world.groups for m in g.members if m.moving_to is not None]
+        for group, m in moving:
+            if self._moves_told.get(m.key) != m.moving_to and not m.parked:
+                self._moves_told[m.key] = m.moving_to
+                log.warning(
+                    "model moved to another group while it may hold its GPU: parked in its group first",
+                    extra={"model": str(m.key), "group": group, "moving_to": m.moving_to},
                 )
-            if update.finished_at is not None:
-                for phase, seconds in swap.phases.items():
-                    SWAP_DURATION.observe(seconds, plan.group, phase)
-            kind = (
-                "swap.started"
-                if update.created and update.finished_at is None
-                else "swap.failed"
-                if swap.phase == SwapPhase.ABORTED
-                else "swap.finished"
-                if update.finished_at is not None
-                else "swap.phase"
-            )
-            event = SwapEvent(
-                kind=kind,
-                swap_id=swap.id,
-                group=plan.group,
-                from_model=str(swap.from_model) if swap.from_model else None,
-                to_model=str(swap.to_model) if swap.to_model else None,
-                reason=swap.reason,
-                phase=swap.phase,
-                phases=swap.phases,
-                message=update.message,
-                time=now,
-            )
-            out.append((subjects.event_subject("swap", plan.group), event, f"{swap.id}:{swap.phase}"))
-            log.info(
-                kind,
-                extra={
-                    "group": plan.group,
-                    "swap": swap.id,
-                    "phase": swap.phase.value,
-                    "from": event.from_model,
-                    "to": event.to_model,
-                    "reason": swap.reason.value,
-                },
-            )
-        return out
-
-    def _command(
-        self, command: Command, plan: GroupPlan, world: World, now: datetime
-    ) -> tuple[str, BaseModel, str | None] | None:
-        """The scale command to publish (each with a message id of its own: a repeat must not be de-duplicated)."""
-        try:
-            runtime = world.runtime(command.key)
-        except ValidationError as exc:  # a manifest stored by an older version
-            # the fields and what is wrong with them, never their values (a manifest's env may hold a secret)
-            log.error(
-                "stored manifest does not parse; command not sent",
-                extra={"model": str(command.key), "error": describe_validation_error(exc, "manifest ")},
-            )
-            return None
-        if runtime is None:
-            log.error("no runtime spec for a command; not sent", extra={"model": str(command.key)})
-            return None
-        if plan.drain_timeout is not None:
-            runtime = runtime.model_copy(update={"drain_seconds": plan.drain_timeout.total_seconds()})
-        key = command.key
-        message = ScaleCommand(
-            group=plan.group,
-            namespace=key.namespace,
-            model=key.name,
-            action=command.action,
-            generation=command.generation,
-            swap_id=command.swap_id,
-            runtime=runtime,
-            issued_at=now,
-        )
-        log.info(
-            "command",
-            extra={
-                "model": str(key),
-                "action": command.action.value,
-                "generation": command.generation,
-                "reissue": command.reissue,
-            },
-        )
-        return subjects.command_subject(key.namespace, key.name), message, message_id("scheduler")
-
-    async def _publish_all(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
-        """Publish together; a failure is logged (a lost command is re-sent after command_retry, a status or route
-        is published again by the next pass)."""
-        if not items:
-            return []
-        try:
-            published = await self.bus.publish_many(items)
-        except Exception as exc:
-            log.warning("publish failed", extra={"messages": len(items), "error": repr(exc)})
-            return [False] * len(items)
-        if not all(published):
-            failed = sorted({subject for (subject, _, _), ok in zip(items, published, strict=True) if not ok})
-            log.warning("publish failed", extra={"failed": published.count(False), "subjects": failed[:5]})
-        return published
-
-    def _route(
-        self, member: Member, group: str, view: StatusView, now: datetime
-    ) -> tuple[ModelKey, tuple[Any, ...], Route] | None:
-        """The member's route, when it differs from the one last published."""
-        key = member.key
-        ready = view.ready and member.desired_action == ScaleAction.ACTIVATE
-        fields = (
-            visible_group(group),
-            member.priority,
-            member.service_labels,
-            view.phase,
-            view.state,
-            ready,
-            member.endpoint if ready else None,
-            view.failure,
-            member.command_generation,
-            ready and member.runtime_message == WOKEN,
-        )
-        if self._routes.get(key) == fields:
-            return None  # write only what changed: a quiet system publishes nothing
-        route = Route(
-            namespace=key.namespace,
-            name=key.name,
-            group=fields[0],
-            priority=member.priority,
-            service_labels=list(member.service_labels),
-            phase=view.phase,
-            state=view.state,
-            ready=ready,
-            endpoint=fields[6],
-            failure=view.failure,
-            generation=member.command_generation,
-            woken=fields[9],
-            updated_at=now,
-        )
-        return key, fields, route
-
-    def _status(
-        self, member: Member, view: StatusView, now: datetime, made: dict[tuple[Any, ...], ModelStatus]
-    ) -> tuple[ModelKey, tuple[Any, ...], ModelStatusUpdate] | None:
-        """The member's status (the contract's Model status), when it differs from the one last published. ``made``
-        holds the statuses this pass built, by their fields: most models of a first pass share one (parked, never
-        active), and a frozen status may go into many updates (it was a third of building them)."""
-        key = member.key
-        fields = (
-            view.phase,
-            member.last_active_time,
-            view.state,
-            view.queue_position,
-            member.preempted_at,
-            view.preempted_by,
-            view.message,
-            member.observed_generation,
-        )
-        if self._statuses.get(key) == fields:
-            return None
-        status = made.get(fields)
-        if status is None:
-            status = made[fields] = ModelStatus(
-                phase=view.phase,
-                last_active_time=member.last_active_time,
-                shared_group=SharedGroupStatus(
-                    state=view.state, queue_position=view.queue_position, preempted_at=member.preempted_at
-                ),
-                preempted_by=view.preempted_by,
-                message=view.message,
-                observed_generation=member.observed_generation,
-            )
-        return key, fields, ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
-
-    def _group_status(self, plan: GroupPlan, now: datetime) -> tuple[str, tuple[Any, ...], GroupStatusUpdate] | None:
-        """A shared group's holder and queue (a GPUGroup's status in Kubernetes), when they changed."""
-        if visible_group(plan.group) is None:
-            return None
-        queue = plan.queue
-        lease = (plan.lease.name, plan.lease.owner, plan.lease.acquired_at) if plan.lease else None
-        fields = (plan.active, tuple(queue), lease)
-        if self._group_statuses.get(plan.group) == fields:
-            return None
-        update = GroupStatusUpdate(
-            group=plan.group,
-            active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
-            queue=[ModelRef(namespace=key.namespace, name=key.name) for key in queue],
-            lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2]) if lease else None,
-            time=now,
-        )
-        return plan.group, fields, update
-
-    async def _forget_deleted(self, present: set[ModelKey]) -> None:
-        for key in [k for k in self._routes if k not in present]:
-            with contextlib.suppress(Exception):
-                await self.bus.delete_route(key)
-            self._routes.pop(key, None)
-            self._statuses.pop(key, None)
+        keys = [m.key for _, m in moving if m.parked and m.key not in commanded]
+        if not keys:
+            return
+        for move in await self.store.finish_moves(keys):
+            self._moves_told.pop(move.key, None)
+            log.info("model moved: parked", extra={"model": str(move.key), "group": move.old, "moving_to": move.new})
+            self.kick(move.old)
+            self.kick(move.new)
 
     async def announce(self, row: ModelRow) -> None:
-        """A new model: tell the proxies at once that it exists (not ready yet), so a request sent right after
-        ``flexinfer apply`` queues instead of getting 404. Only for new models: an existing route is the
-        leader's to change."""
-        facts = spec_facts(row.manifest)  # a fresh row from the admin API: the manifest is loaded
-        route = Route(
-            namespace=row.namespace,
-            name=row.name,
-            group=visible_group(row.group_name),
-            priority=row.priority,
-            service_labels=list(facts.service_labels),
-            updated_at=self.clock.now(),
-        )
-        try:
-            await self.bus.create_route(route)
-        except Exception as exc:
-            log.warning("route not announced", extra={"model": f"{row.namespace}/{row.name}", "error": repr(exc)})
+        """A new model: tell the proxies at once that it exists (``PassPublisher.announce``)."""
+        await self.publisher.announce(row)
 
     async def forget_route(self, namespace: str, name: str) -> None:
-        """A model was deleted through the admin API: the proxy must stop knowing it at once."""
-        key = ModelKey(namespace, name)
-        with contextlib.suppress(Exception):
-            await self.bus.delete_route(key)
-        self._routes.pop(key, None)
-        self._statuses.pop(key, None)
+        """A model was deleted: the proxy must stop knowing it at once."""
+        await self.publisher.forget_route(namespace, name)
+        await self._announce_if_back([ModelKey(namespace, name)])
+
+    async def _announce_if_back(self, keys: list[ModelKey]) -> None:
+        """Models whose route was just removed but which were applied again meanwhile (by this replica's admin API
+        or another's) are announced again: their own announcement may have come before the removal (and found the
+        old route there, or been deleted with it), and a request sent right after the apply must queue, not 404.
+        The row is read after the removal, and a new row is written before its announcement, so one or the other
+        leaves the route in place."""
+        for key in keys:
+            row = await self.store.model(key.namespace, key.name)
+            if row is not None and row.deleting_at is None:
+                model = f"{key.namespace}/{key.name}"
+                log.info("model applied again while its route was removed: announced again", extra={"model": model})
+                await self.publisher.announce(row)
 
 
 def model_status(row: ModelRow) -> ModelStatus:
@@ -710,6 +512,7 @@ def model_status(row: ModelRow) -> ModelStatus:
         ),
         preempted_by=row.preempted_by,
         message=row.message,
+        restarts=row.restarts or 0,
         observed_generation=row.observed_generation,
     )
 

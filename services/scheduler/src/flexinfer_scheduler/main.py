@@ -15,6 +15,7 @@ from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
 from flexinfer_scheduler.loop import Scheduler
 from flexinfer_scheduler.settings import SchedulerSettings
+from flexinfer_scheduler.ui.routes import StatusPage, mount_ui
 
 log = get_logger("flexinfer.scheduler")
 
@@ -22,7 +23,7 @@ log = get_logger("flexinfer.scheduler")
 async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     engine = create_engine(settings.database_url, pool_size=10)
     store = Store(session_factory(engine))
-    bus = Bus(settings.nats_url, name="flexinfer-scheduler")
+    bus = Bus(settings.nats_url, name="flexinfer-scheduler", auth=settings.nats_auth())
     await bus.connect()
     await bus.ensure_streams()
     clock = SystemClock()
@@ -40,6 +41,16 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     app = create_app(
         store=store, scheduler=scheduler, clock=clock, admin_token=settings.admin_token_value(), readiness=readiness
     )
+    page = StatusPage(
+        store=store,
+        scheduler=scheduler,
+        clock=clock,
+        bus=bus,
+        admin_token=settings.admin_token_value(),
+        lease_manager_url=settings.lease_manager_base_url(),
+    )
+    mount_ui(app, page)
+    await page.start()
     http = HttpServer(app, host=settings.bind_host, port=settings.scheduler_port, name="scheduler")
     await http.start()
     tune_gc()
@@ -47,6 +58,7 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     try:
         await scheduler.run(stop)
     finally:
+        await page.stop()
         await http.stop()
         await bus.close()
         await engine.dispose()

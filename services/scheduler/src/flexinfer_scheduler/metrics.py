@@ -1,4 +1,4 @@
-"""The scheduler's metrics (CONTRACT section 5); no other service registers them.
+"""The scheduler's metrics (docs/reference.md section 5); no other service registers them.
 
 The per-group gauges describe the groups as the leader sees them, so only the leader shows them, and a group or a
 member that goes away takes its series along (:class:`GroupGauges`): a dashboard never shows a deleted model as
@@ -17,8 +17,10 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
+from flexinfer_common.enums import ScaleAction
 from flexinfer_scheduler.domain.model import GroupSnapshot
 from flexinfer_scheduler.domain.plan import GroupPlan
+from flexinfer_scheduler.domain.residency import device_usage
 
 
 class _Series:
@@ -108,6 +110,12 @@ class SeriesHistogram:
 SWAPS = SeriesCounter(
     "flexinfer_swaps_total", "Swaps started", ("group", "from_model", "to_model", "reason"), registry=REGISTRY
 )
+MODEL_RESTARTS = SeriesCounter(
+    "flexinfer_model_restarts_total",
+    "Model servers that crashed after they were Ready (each is restarted)",
+    ("namespace", "model"),
+    registry=REGISTRY,
+)
 SWAP_DURATION = SeriesHistogram(
     "flexinfer_swap_duration_seconds",
     "Time spent in each swap phase",
@@ -132,6 +140,13 @@ GROUP_SWAP_STARTED = SeriesGauge(
     ("group",),
     registry=REGISTRY,
 )
+GROUP_MEMORY = SeriesGauge(
+    "flexinfer_group_memory_bytes",
+    "A group with a spec.capacity: per device, the GPU memory of its models not confirmed parked (state=used) and "
+    "what is left (state=free)",
+    ("group", "device", "state"),
+    registry=REGISTRY,
+)
 LEASE_READ_ERRORS = Counter("flexinfer_lease_read_errors_total", "Lease reads that failed (election failed open)")
 SCHEDULER_LEADER = Gauge("flexinfer_scheduler_leader", "1 while this scheduler replica leads (holds the lock)")
 
@@ -143,6 +158,8 @@ class GroupView:
     members: frozenset[str]
     active: str | None
     swap_started: datetime | None
+    residents: frozenset[str] = frozenset()  # a group with a capacity: every model it holds
+    memory: tuple[tuple[str, str, int], ...] = ()  # (device, used|free, bytes)
 
 
 def group_view(group: GroupSnapshot, plan: GroupPlan) -> GroupView:
@@ -152,10 +169,22 @@ def group_view(group: GroupSnapshot, plan: GroupPlan) -> GroupView:
         started = next((u.swap.started_at for u in plan.swap_updates if u.swap.id == plan.swap_id), None)
         if started is None and group.swap is not None and group.swap.id == plan.swap_id:
             started = group.swap.started_at
+    residents: frozenset[str] = frozenset()
+    memory: tuple[tuple[str, str, int], ...] = ()
+    if group.capacity is not None:
+        after = plan.members.values() if plan.members else group.members
+        residents = frozenset(m.key.name for m in after if m.desired_action is ScaleAction.ACTIVATE)
+        memory = tuple(
+            (str(d.index), state, value)
+            for d in device_usage(group.capacity, after)
+            for state, value in (("used", d.used), ("free", d.free))
+        )
     return GroupView(
         members=frozenset(member.key.name for member in group.members),
         active=plan.active.name if plan.active else None,
         swap_started=started,
+        residents=residents,
+        memory=memory,
     )
 
 
@@ -174,7 +203,12 @@ class GroupGauges:
         for gone in old_members - view.members:
             GROUP_ACTIVE_MODEL.remove(group, gone)
         for member in view.members:
-            GROUP_ACTIVE_MODEL.set(1 if member == view.active else 0, group, member)
+            GROUP_ACTIVE_MODEL.set(1 if member == view.active or member in view.residents else 0, group, member)
+        for device, state, _ in before.memory if before else ():
+            if not any((device, state) == (d, s) for d, s, _ in view.memory):
+                GROUP_MEMORY.remove(group, device, state)
+        for device, state, value in view.memory:
+            GROUP_MEMORY.set(value, group, device, state)
         if view.swap_started is not None:
             GROUP_SWAP_STARTED.set(view.swap_started.timestamp(), group)
         elif before is not None and before.swap_started is not None:
@@ -195,5 +229,7 @@ class GroupGauges:
         view = self._shown.pop(group)
         for member in view.members:
             GROUP_ACTIVE_MODEL.remove(group, member)
+        for device, state, _ in view.memory:
+            GROUP_MEMORY.remove(group, device, state)
         if view.swap_started is not None:
             GROUP_SWAP_STARTED.remove(group)

@@ -12,8 +12,13 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from flexinfer_common.db import GroupRow, ModelRow, SwapRow
+from flexinfer_common.keys import ModelKey
+from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_common.messages import Route, RuntimeSpec
-from flexinfer_scheduler.domain.model import GroupSnapshot, ModelKey
+from flexinfer_common.ports import Publisher
+from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts
+from flexinfer_scheduler.domain.model import GroupSnapshot
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.domain.status import StatusView
 
@@ -57,6 +62,15 @@ class World:
         return self.by_name.get(name)
 
 
+def encode_placement(devices: tuple[int, ...] | None) -> str | None:
+    """A placement as the ``models.placement`` column holds it: ``"0,1"``."""
+    return ",".join(str(d) for d in devices) if devices is not None else None
+
+
+def decode_placement(text: str | None) -> tuple[int, ...] | None:
+    return tuple(int(d) for d in text.split(",")) if text else None
+
+
 def changes_of(plan: GroupPlan, world: World) -> dict[ModelKey, dict[str, Any]]:
     """The columns a plan changes per member (patched fields and status), compared with what ``world`` read: a
     store writes these and nothing else."""
@@ -74,7 +88,7 @@ def changes_of(plan: GroupPlan, world: World) -> dict[ModelKey, dict[str, Any]]:
         if patch is not None:
             for name, value in patch.changes().items():
                 if getattr(member, name) != value:
-                    values[name] = getattr(value, "value", value)
+                    values[name] = encode_placement(value) if name == "placement" else getattr(value, "value", value)
         view = plan.statuses.get(key)
         if view is not None:
             new, stored = StoredStatus.of(view), world.statuses.get(key)
@@ -100,6 +114,13 @@ class Origin:
         """A change observed before the one stored is stale (redelivered or overtaken)."""
         return self.observed_at is not None and stored is not None and self.observed_at < stored
 
+    @property
+    def answers_refusals(self) -> bool:
+        """The admin API answers a change it cannot make safely with a 409; a watcher of Kubernetes cannot refuse
+        what is already in the cluster, so such a change is applied and made safe as it goes (a loaded model's
+        move waits until it is parked)."""
+        return self.source == API_ORIGIN.source
+
     def may_delete(self, owner: str, stored: datetime | None) -> bool:
         """The admin API deletes anything; a watcher only what it owns, and not with a stale observation."""
         if self.source == API_ORIGIN.source:
@@ -110,11 +131,36 @@ class Origin:
 API_ORIGIN = Origin("api")
 
 
+class GroupChangeRefused(Exception):
+    """A model that may hold its group's GPU cannot move to another group: the new group's election would load a
+    model beside it on the card it still holds. Park it first (delete it, or wait until it is parked)."""
+
+    def __init__(self, key: ModelKey, old: str | None, new: str) -> None:
+        super().__init__(
+            f"model {key} may still hold the GPU of group {old!r}: it cannot move to {new!r} until it is parked "
+            "(delete it and apply it again, or wait until it is parked)"
+        )
+
+
+class MembershipChangeRefused(GroupChangeRefused):
+    """A GPUGroup created, changed or deleted through the admin API would move models that may hold their group's
+    GPU, for the reason a Model's own move is refused: nothing is changed. (From Kubernetes the change is applied
+    and such a model moves once parked: ``Placement``.)"""
+
+    def __init__(self, gpugroup: str, action: str, moves: Sequence[GroupMove]) -> None:
+        self.moves = tuple(moves)
+        Exception.__init__(
+            self,
+            f"GPUGroup {gpugroup!r} cannot be {action}: it would move {'; '.join(m.describe() for m in self.moves)}. "
+            f"Park {'it' if len(self.moves) == 1 else 'them'} first (or wait until parked), then try again",
+        )
+
+
 class SchedulerStore(Protocol):
     """The scheduler's state: the only writer of groups, models and swaps."""
 
     async def load_world(
-        self, now: datetime, demand_window: timedelta, groups_only: set[str] | None = None, *, in_flight_ttl: timedelta
+        self, now: datetime, queued_ttl: timedelta, groups_only: set[str] | None = None, *, in_flight_ttl: timedelta
     ) -> tuple[World, bool]:
         """Every group (or only ``groups_only``), and whether leases could be read (else: none, fail open)."""
         ...
@@ -124,7 +170,15 @@ class SchedulerStore(Protocol):
         ...
 
     async def record_demand(
-        self, *, namespace: str, name: str, source: str, queued: int, when: datetime, message_id: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        source: str,
+        queued: int,
+        when: datetime,
+        message_id: str,
+        valid_for: timedelta | None = None,
     ) -> str | None: ...
 
     async def record_runtime(
@@ -139,6 +193,11 @@ class SchedulerStore(Protocol):
         when: datetime,
     ) -> str | None: ...
 
+    async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
+        """A Failed report for ``generation``: when it ends a runtime that was Ready for the current activate, count
+        a restart and return (restarts so far, the model's group); None otherwise (a failed load, a repeat)."""
+        ...
+
     async def record_in_flight(self, *, source: str, counts: Mapping[ModelKey, int], when: datetime) -> set[str]:
         """A proxy's complete in-flight counts (a model it does not name has none); returns the groups of the
         models whose count fell to zero (a drain may be over)."""
@@ -146,9 +205,21 @@ class SchedulerStore(Protocol):
 
     async def forget_runtime(self) -> int: ...
 
+    async def finish_deletions(self, keys: Sequence[ModelKey]) -> list[Any]:
+        """Delete the rows of these models that are being deleted and confirmed parked; the rows deleted."""
+        ...
+
+    async def finish_moves(self, keys: Sequence[ModelKey]) -> list[GroupMove]:
+        """Move these models that are moving to another group and are confirmed parked into it; the moves made."""
+        ...
+
     async def group_names(self) -> list[str]: ...
 
     async def model_keys(self) -> set[ModelKey]: ...
+
+    async def model(self, namespace: str, name: str) -> ModelRow | None:
+        """One model's row, its manifest loaded (None: there is none)."""
+        ...
 
     async def prune(self, now: datetime, keep: timedelta) -> None: ...
 
@@ -161,10 +232,8 @@ Decoder = Callable[[str, bytes], M]
 Handler = Callable[[M, Any], Awaitable[None]]
 
 
-class SchedulerBus(Protocol):
+class SchedulerBus(Publisher, Protocol):
     """Messages in and out, and the routes the proxies read."""
-
-    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
 
     async def publish_many(self, items: list[tuple[str, BaseModel, str | None]]) -> list[bool]:
         """Publish (subject, message, message id) items together; True for each one published."""
@@ -188,8 +257,12 @@ class SchedulerBus(Protocol):
 class LeaderLock(Protocol):
     """One scheduler replica leads at a time."""
 
+    #: The fencing token of this replica's leadership: a number taken when it acquired the lock, higher than any
+    #: earlier leader's (0 while not leading). Every command carries it; the actuator refuses a lower one.
+    epoch: int
+
     async def try_acquire(self) -> bool:
-        """Take the lock if free (or keep it); True while this replica holds it."""
+        """Take the lock if free (or keep it); True while this replica holds it. Acquiring takes a new epoch."""
         ...
 
     async def still_held(self) -> bool:
@@ -197,3 +270,39 @@ class LeaderLock(Protocol):
         ...
 
     async def release(self) -> None: ...
+
+
+class AdminStore(Protocol):
+    """What the admin API reads and writes (``api.py``): manifests in and out, the views it serves. The PostgreSQL
+    store fits; the API depends on this port, not on it."""
+
+    async def models(self) -> list[ModelRow]: ...
+
+    async def model(self, namespace: str, name: str) -> ModelRow | None: ...
+
+    def facts(self, row: ModelRow) -> SpecFacts:
+        """What the row's manifest says the election reads (its memory, estimated from the weights where undeclared),
+        worked out once per spec generation: a listing of every model does not stat every weights file."""
+        ...
+
+    async def put_model(self, model: Model, now: datetime, origin: Origin = ...) -> tuple[ModelRow, bool]: ...
+
+    async def request_deletion(
+        self, namespace: str, name: str, now: datetime, origin: Origin = ...
+    ) -> tuple[ModelRow, bool] | None: ...
+
+    async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None: ...
+
+    async def group(self, name: str) -> GroupRow | None: ...
+
+    async def groups(self) -> list[GroupRow]: ...
+
+    async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = ...) -> bool: ...
+
+    async def delete_group(self, name: str, origin: Origin = ...) -> bool: ...
+
+    async def swaps(self, limit: int = 200) -> list[SwapRow]: ...
+
+    async def load_world(
+        self, now: datetime, queued_ttl: timedelta, groups_only: set[str] | None = None, *, in_flight_ttl: timedelta
+    ) -> tuple[World, bool]: ...

@@ -1,7 +1,10 @@
 """Specs handed over the bus: in Kubernetes mode the actuator watches Model and GPUGroup resources and publishes
 each change (``SpecChange``) and, after every list, what exists (``SpecResync``). They are applied exactly as the
 admin API applies a PUT or DELETE, marked as owned by their source, so a stale or repeated message changes nothing
-and a deletion nobody saw is found by the next resync.
+and a deletion nobody saw is found by the next resync. What the admin API refuses with a 409 because it would
+move a model that may hold its group's GPU (a GPUGroup, or ``spec.gpu.shared``, changed) cannot be refused here: it
+is in the cluster already. It is applied, and the model stays in its group, leaving it as in a swap, until it is
+confirmed parked there; then it moves (the loop's ``_finish_moves``).
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import BadMessage, Delivery, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.messages import SpecChange, SpecResync
-from flexinfer_scheduler.domain.model import ModelKey
-from flexinfer_scheduler.ports import Origin
+from flexinfer_scheduler.ports import GroupChangeRefused, Origin
 
 log = get_logger("flexinfer.scheduler.specs")
 
@@ -50,7 +53,9 @@ class SpecStore(Protocol):
 
     async def put_model(self, model: Model, now: datetime, origin: Origin = ...) -> tuple[ModelRow, bool]: ...
 
-    async def delete_model(self, namespace: str, name: str, origin: Origin = ...) -> ModelRow | None: ...
+    async def request_deletion(
+        self, namespace: str, name: str, now: datetime, origin: Origin = ...
+    ) -> tuple[ModelRow, bool] | None: ...
 
     async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = ...) -> bool: ...
 
@@ -95,14 +100,21 @@ class SpecInbox:
         origin = Origin(change.source, change.observed_at, change.generation)
         fields: dict[str, Any] = {"model": f"{change.namespace}/{change.name}", "source": change.source}
         if change.action == "delete":
-            row = await self.store.delete_model(change.namespace, change.name, origin)
-            if row is not None:
-                log.info("model deleted", extra=fields)
-                await self.hooks.forget_route(change.namespace, change.name)
+            # as the admin API's DELETE: a model that may hold the GPU is parked first, its row goes after
+            deleted = await self.store.request_deletion(change.namespace, change.name, self.clock.now(), origin)
+            if deleted is not None:
+                log.info("model deleted" if deleted[1] else "model being deleted: parking it first", extra=fields)
+                if deleted[1]:
+                    await self.hooks.forget_route(change.namespace, change.name)
                 self.hooks.kick()
             return
         model = Model.model_validate(change.manifest)
-        row, created = await self.store.put_model(model, self.clock.now(), origin)
+        try:
+            row, created = await self.store.put_model(model, self.clock.now(), origin)
+        except GroupChangeRefused as exc:
+            # (only the admin API is refused: a change from Kubernetes moves a loaded model once it is parked)
+            log.error("model change refused", extra={**fields, "error": str(exc)})
+            return
         log.info("model created" if created else "model applied", extra={**fields, "generation": change.generation})
         if created:
             await self.hooks.announce(row)

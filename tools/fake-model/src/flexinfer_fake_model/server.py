@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from aiohttp.typedefs import Handler
 
 __all__ = ["STATE_KEY", "FakeModelConfig", "FakeModelState", "build_app", "embed_text", "main", "run"]
@@ -46,7 +46,20 @@ EMBEDDING_DIM = 8
 SHUTDOWN_TIMEOUT_S = 5.0
 MODEL_HEADER = "X-Fake-Model"
 # Endpoints that count as "requests" in /stats and are gated on the model being loaded and awake.
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+INFERENCE_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/audio/speech",
+        "/v1/images/generations",
+        "/v1/rerank",
+        "/v1/responses",
+        "/v1/messages",
+    }
+)
 # Endpoints polled by probers: logged at DEBUG so they do not flood the log.
 QUIET_PATHS = frozenset({"/health", "/is_sleeping", "/stats"})
 
@@ -547,6 +560,167 @@ async def embeddings(request: web.Request) -> web.Response:
     )
 
 
+# --------------------------------------------------------------------------- the rest of the OpenAI surface
+# (and Anthropic's messages): deterministic answers in each API's own shape, enough for the SDKs to parse.
+
+
+async def audio_text(request: web.Request) -> web.Response:
+    """``/v1/audio/transcriptions`` and ``/translations``: multipart, read as a stream; the text names the file's
+    size and SHA-256 (so a test sees the upload arrived whole) and the other form fields."""
+    state = _state(request)
+    if not request.content_type.startswith("multipart/"):
+        raise _bad_request("expected a multipart/form-data body", code="invalid_body")
+    reader = await request.multipart()
+    fields: dict[str, str] = {}
+    size, digest = 0, hashlib.sha256()
+    async for part in reader:
+        if not isinstance(part, BodyPartReader):
+            continue
+        if part.filename is not None:
+            while chunk := await part.read_chunk(64 * 1024):
+                size += len(chunk)
+                digest.update(chunk)
+        elif part.name:
+            fields[part.name] = await part.text()
+    if not size:
+        raise _bad_request("missing required field 'file'", param="file", code="missing_field")
+    if (err := _unavailable(state)) is not None:
+        raise err
+    verb = "translated" if request.path.endswith("translations") else "transcribed"
+    text = f"[{state.config.model}] {verb} {size} bytes sha256:{digest.hexdigest()} model={fields.get('model', '')}"
+    if fields.get("response_format") == "text":
+        return web.Response(text=text)
+    return web.json_response({"text": text})
+
+
+async def speech(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await _json_body(request)
+    text = _opt(body, "input", str, "")
+    if not text:
+        raise _bad_request("missing required field 'input'", param="input", code="missing_field")
+    if (err := _unavailable(state)) is not None:
+        raise err
+    return web.Response(body=f"FAKE-AUDIO[{state.config.model}] {text}".encode(), content_type="audio/mpeg")
+
+
+async def image_generations(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await _json_body(request)
+    prompt = _opt(body, "prompt", str, "")
+    if not prompt:
+        raise _bad_request("missing required field 'prompt'", param="prompt", code="missing_field")
+    if (err := _unavailable(state)) is not None:
+        raise err
+    image = base64.b64encode(f"FAKE-IMAGE[{state.config.model}] {prompt}".encode()).decode()
+    count = _opt(body, "n", int, 1)
+    return web.json_response({"created": int(time.time()), "data": [{"b64_json": image}] * count})
+
+
+async def rerank(request: web.Request) -> web.Response:
+    """``/v1/rerank`` (the Jina/Cohere shape vLLM and infinity serve): documents by words shared with the query."""
+    state = _state(request)
+    body = await _json_body(request)
+    query = _opt(body, "query", str, "")
+    documents = body.get("documents")
+    if not query or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+        raise _bad_request("'query' (a string) and 'documents' (a list of strings) are required", param="documents")
+    if (err := _unavailable(state)) is not None:
+        raise err
+    words = set(query.lower().split())
+    scores = [len(words & set(d.lower().split())) / (len(words) or 1) for d in documents]
+    order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
+    results = [{"index": i, "relevance_score": scores[i], "document": {"text": documents[i]}} for i in order]
+    return web.json_response({"id": state.next_id("rerank"), "model": state.config.model, "results": results})
+
+
+async def responses(request: web.Request) -> web.Response:
+    """``/v1/responses``: the answer echoes the (last) input text, as chat completions do."""
+    state = _state(request)
+    body = await _json_body(request)
+    given = body.get("input")
+    if isinstance(given, str):
+        text = given
+    elif isinstance(given, list) and given and isinstance(given[-1], dict):
+        text = _message_text(given[-1].get("content"), len(given) - 1)
+    else:
+        raise _bad_request("'input' must be a string or a list of messages", param="input", code="invalid_type")
+    if (err := _unavailable(state)) is not None:
+        raise err
+    content = f"[{state.config.model}] {text}"
+    return web.json_response(
+        {
+            "id": state.next_id("resp"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": state.config.model,
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "id": state.next_id("msg"),
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": content, "annotations": []}],
+                }
+            ],
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": count_tokens(text),
+                "output_tokens": count_tokens(content),
+                "total_tokens": count_tokens(text) + count_tokens(content),
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
+    )
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's ``/v1/messages``: the answer echoes the last user message; ``stream: true`` gives its events."""
+    state = _state(request)
+    body = await _json_body(request)
+    stream = _opt(body, "stream", bool, False)
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[-1], dict):
+        raise _bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    text = _message_text(turns[-1].get("content"), len(turns) - 1)
+    if (err := _unavailable(state)) is not None:
+        raise err
+    content = f"[{state.config.model}] {text}"
+    usage = {"input_tokens": count_tokens(text), "output_tokens": count_tokens(content)}
+    message: dict[str, Any] = {
+        "id": state.next_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": state.config.model,
+        "content": [{"type": "text", "text": content}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    if not stream:
+        return web.json_response(message)
+    resp = await _start_sse(request)
+
+    async def event(kind: str, payload: dict[str, Any]) -> None:
+        await resp.write(f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode())
+
+    with contextlib.suppress(ConnectionResetError):
+        await event("message_start", {"message": {**message, "content": [], "stop_reason": None}})
+        await event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        for word in split_words(content):
+            await asyncio.sleep(state.config.token_delay)
+            await event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word}})
+        await event("content_block_stop", {"index": 0})
+        await event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage})
+        await event("message_stop", {})
+        await resp.write_eof()
+    return resp
+
+
 # --------------------------------------------------------------------------- app wiring
 
 
@@ -623,6 +797,13 @@ def build_app(config: FakeModelConfig | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/audio/transcriptions", audio_text)
+    app.router.add_post("/v1/audio/translations", audio_text)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_post("/v1/images/generations", image_generations)
+    app.router.add_post("/v1/rerank", rerank)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_post("/sleep", sleep)
     app.router.add_post("/wake_up", wake_up)
     return app

@@ -35,6 +35,7 @@ from flexinfer_actuator.domain.workloads import (
 from flexinfer_actuator.ports import StatusSink
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import ParkStrategy, RuntimePhase
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.kube.client import DEPLOYMENTS, KubeClient, KubeError, Object
 from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer
@@ -44,8 +45,6 @@ from flexinfer_common.notes import EventType, Note
 from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.kubernetes")
-
-ModelKey = tuple[str, str]
 
 # A scale write not yet seen in the watched Deployment is written again after this long.
 _REWRITE_AFTER = 2.0
@@ -198,7 +197,7 @@ class KubernetesScaler:
         never started, or this actuator just took over): its Deployment is kept at zero like any parked model's,
         so a Deployment created with replicas 1, or scaled up by hand, cannot put a second model on the GPU.
         A command for it (generation 1 and up) replaces this; a report made meanwhile answers generation 0."""
-        key = (spec.namespace, spec.name)
+        key = ModelKey(spec.namespace, spec.name)
         model = self._models.get(key)
         if model is not None and model.generation > 0:
             return
@@ -211,9 +210,9 @@ class KubernetesScaler:
 
     def forget(self, namespace: str, name: str) -> None:
         """The Model is gone: its Deployment is no longer ours to keep parked."""
-        model = self._models.get((namespace, name))
+        model = self._models.get(ModelKey(namespace, name))
         if model is not None and model.generation == 0:
-            del self._models[(namespace, name)]
+            del self._models[ModelKey(namespace, name)]
 
     def snapshot(self) -> list[ProcessInfo]:
         rows = []
@@ -253,7 +252,7 @@ class KubernetesScaler:
     # ------------------------------------------------------------------ watching
 
     def _model(self, spec: RuntimeSpec) -> _Model:
-        key = (spec.namespace, spec.name)
+        key = ModelKey(spec.namespace, spec.name)
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = _Model(spec, Want.PARK, 0, self._monotonic())

@@ -1,8 +1,13 @@
 """The ``local`` back-end: one OS process per model on this machine.
 
-Activate starts ``spec.command`` (``{port}`` substituted) in its own session, with its output appended to
-``<state_dir>/logs/<namespace>_<model>.log``, reports ``Loading``, and probes the readiness URL until it answers 2xx
-(``Ready``), the process exits or the load timeout passes (``Failed``). Park stops the process group (SIGTERM,
+Activate starts ``spec.command`` (``{port}`` substituted), or the backend preset of ``spec.backend``
+(domain/presets.py), in its own session, with its output appended to ``<state_dir>/logs/<namespace>_<model>.log``
+(mode 0600, written through the descriptor the actuator opened), reports ``Loading``, and probes the readiness URL
+until it answers 2xx (``Ready``), the process exits or the load timeout passes (``Failed``); a slow load's Loading
+message says what the probe gets (``GET /health → 404, 12 tries``), and an exit says why (``killed by signal 4
+(SIGILL)``) with the last lines of the log. The environment is built from allow-lists (``FLEXINFER_LOCAL_ENV``),
+never a copy of ours. When the actuator runs as root, the process runs as ``FLEXINFER_LOCAL_RUN_AS`` (default
+``nobody``) in a private temporary folder that is also its ``HOME``. Park stops the process group (SIGTERM,
 grace period, SIGKILL) and reports ``Parked`` once the process is reaped, or, with the ``Sleep`` strategy, puts the
 server to sleep and keeps it. Every model process gets ``PR_SET_PDEATHSIG(SIGKILL)``, so none outlives the
 actuator, even a SIGKILLed one.
@@ -14,17 +19,21 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import importlib.util
 import os
+import pwd
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 import aiohttp
 
@@ -33,23 +42,40 @@ from flexinfer_actuator.domain.commands import (
     MISSING_COMMAND_MESSAGE,
     ActivatePlan,
     ParkPlan,
+    ProbeAnswer,
+    ProcessUser,
     exit_failure_message,
     load_timeout_message,
     local_endpoint,
     log_file_name,
     plan_activation,
     plan_park,
+    probe_message,
     process_environment,
     readiness_url,
     render_command,
+    should_report_probe,
     tail_lines,
+)
+from flexinfer_actuator.domain.presets import (
+    PresetError,
+    choose_engine,
+    engine_for_program,
+    engines_for,
+    render_preset,
 )
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
 from flexinfer_actuator.ports import StatusSink
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import RuntimePhase
-from flexinfer_common.local_commands import check_local_command
+from flexinfer_common.keys import ModelKey
+from flexinfer_common.local_commands import (
+    DEFAULT_LOCAL_ENV,
+    ENGINES_SETTING,
+    allowed_commands,
+    check_local_process,
+)
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import WOKEN, RuntimeSpec
 from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS
@@ -60,8 +86,6 @@ LOG_TAIL_LINES = 5
 _LOG_TAIL_BYTES = 16_384
 _PROBE_TIMEOUT_SECONDS = 2.0
 _PR_SET_PDEATHSIG = 1
-
-ModelKey = tuple[str, str]
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -110,6 +134,8 @@ class _Runtime:
     log_path: Path
     log_offset: int
     started_at: datetime
+    readiness_path: str = "/health"
+    workdir: Path | None = None  # the private folder of a process run as another user (removed once it exits)
     phase: ProcessPhase = ProcessPhase.LOADING
     returncode: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
@@ -118,7 +144,7 @@ class _Runtime:
 
     @property
     def key(self) -> ModelKey:
-        return (self.spec.namespace, self.spec.name)
+        return ModelKey(self.spec.namespace, self.spec.name)
 
     @property
     def pid(self) -> int:
@@ -154,14 +180,21 @@ class LocalProcessScaler:
         park_grace_period: timedelta,
         load_timeout: timedelta,
         local_commands: tuple[str, ...] = DEFAULT_LOCAL_COMMANDS,
+        local_env: tuple[str, ...] = DEFAULT_LOCAL_ENV,
+        local_engines: Mapping[str, str] | None = None,
+        run_as: str | None = None,
         clock: Clock | None = None,
     ) -> None:
+        """``run_as``: the user model processes run as when we run as root (None or ``root``: as we run)."""
         self.logs_dir = Path(state_dir).absolute() / "logs"
         self._on_status = on_status
         self._probe_interval = readiness_probe_interval.total_seconds()
         self._grace = park_grace_period.total_seconds()
         self._load_timeout = load_timeout.total_seconds()
-        self._allowed = local_commands
+        self._engines = dict(local_engines or {})
+        self._allowed = allowed_commands(local_commands, self._engines)
+        self._allowed_env = local_env
+        self._user = _model_user(run_as)
         self._clock = clock or SystemClock()
         self._runtimes: dict[ModelKey, _Runtime] = {}
         self._report_locks: dict[ModelKey, asyncio.Lock] = {}
@@ -178,13 +211,16 @@ class LocalProcessScaler:
             park_grace_period=settings.park_grace_period,
             load_timeout=settings.load_timeout,
             local_commands=settings.local_commands,
+            local_env=settings.local_env,
+            local_engines=settings.local_engines,
+            run_as=settings.local_run_as,
         )
 
     # ------------------------------------------------------------------ the Scaler protocol
 
     async def activate(self, spec: RuntimeSpec, *, generation: int) -> None:
-        runtime = self._runtimes.get((spec.namespace, spec.name))
-        plan = plan_activation(runtime.phase if runtime else None, has_command=bool(spec.command))
+        runtime = self._runtimes.get(ModelKey(spec.namespace, spec.name))
+        plan = plan_activation(runtime.phase if runtime else None, has_command=bool(spec.command or spec.backend))
         log.info(
             "activate",
             extra={"namespace": spec.namespace, "model": spec.name, "generation": generation, "plan": plan.value},
@@ -211,7 +247,7 @@ class LocalProcessScaler:
             await self._wake(runtime, spec)
 
     async def park(self, spec: RuntimeSpec, *, generation: int) -> None:
-        runtime = self._runtimes.get((spec.namespace, spec.name))
+        runtime = self._runtimes.get(ModelKey(spec.namespace, spec.name))
         plan = plan_park(runtime.phase if runtime else None, spec.park_strategy)
         log.info(
             "park",
@@ -278,22 +314,54 @@ class LocalProcessScaler:
 
     async def _start(self, spec: RuntimeSpec, generation: int) -> None:
         where = {"namespace": spec.namespace, "model": spec.name}
-        verdict = check_local_command(spec.command, spec.env, allowed=self._allowed)
-        base_env = _base_environment()
-        # A bare name is looked up on this actuator's PATH, never on one the manifest could set.
-        executable = shutil.which(spec.command[0], path=base_env.get("PATH")) if verdict.allowed else None
-        if not verdict.allowed or executable is None:
-            message = verdict.message or f"cannot start {spec.command[0]!r}: not found on the actuator's PATH"
-            log.warning("refused to start a model process", extra={**where, "rule": verdict.rule.value})
+
+        async def refuse(message: str, rule: str) -> None:
+            log.warning("refused to start a model process", extra={**where, "rule": rule})
             await self._report(Observation(spec.namespace, spec.name, RuntimePhase.FAILED, generation, message=message))
+
+        verdict = check_local_process(spec.command, spec.env, allowed=self._allowed, allowed_env=self._allowed_env)
+        if not verdict.allowed:
+            await refuse(verdict.message, verdict.rule.value)
             return
+        search_path = _search_path()
+        readiness_path = spec.readiness_path or "/health"
+        preset_env: dict[str, str] = {}
+        if spec.command:
+            # A bare name is looked up on this actuator's PATH, never on one the manifest could set.
+            executable = shutil.which(spec.command[0], path=search_path)
+            if executable is None:
+                await refuse(f"cannot start {spec.command[0]!r}: not found on the actuator's PATH", "not-found")
+                return
+            template = [executable, *spec.command[1:]]
+        else:
+            try:
+                engine, program = choose_engine(spec.backend or "", self._find_engines(spec.backend or "", search_path))
+                launch = render_preset(spec, engine=engine, executable=program)
+            except PresetError as exc:
+                await refuse(str(exc), "preset")
+                return
+            template, readiness_path, preset_env = launch.argv, launch.readiness_path, launch.env
+            log.info("backend preset", extra={**where, "engine": engine.id, "readiness_path": readiness_path})
         port = spec.port or free_loopback_port()
-        argv = render_command([executable, *spec.command[1:]], port)
+        argv = render_command(template, port)
         log_path = self.logs_dir / log_file_name(spec.namespace, spec.name)
         started_at = self._clock.now()
+        workdir: Path | None = None
         try:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with log_path.open("ab") as log_file:
+            user = None
+            as_user: dict[str, object] = {}
+            if self._user is not None:
+                workdir, user = _private_home(self._user, f"{spec.namespace}_{spec.name}")
+                as_user = {"cwd": str(workdir), "user": user.uid, "group": user.gid, "extra_groups": []}
+            env = process_environment(
+                {**os.environ, "PATH": search_path},
+                spec,
+                port,
+                pass_through=self._allowed_env,
+                preset_env=render_command_env(preset_env, port),
+                user=user,
+            )
+            with _open_log(self.logs_dir, log_path) as log_file:
                 header = f"--- {started_at.isoformat()} generation {generation}, port {port}: {shlex.join(argv)}\n"
                 log_file.write(header.encode())
                 log_file.flush()
@@ -303,16 +371,24 @@ class LocalProcessScaler:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=process_environment(base_env, spec, port),
+                    env=env,
                     start_new_session=True,
                     preexec_fn=_die_with_parent(os.getpid()),
+                    **as_user,  # type: ignore[arg-type]
                 )
         except OSError as exc:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
             log.warning(
                 "cannot start model process",
                 extra={"namespace": spec.namespace, "model": spec.name, "argv": argv, "error": str(exc)},
             )
             message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            if self._user is not None and isinstance(exc, PermissionError):
+                message += (
+                    f" (model processes run as {self._user.pw_name!r}, FLEXINFER_LOCAL_RUN_AS: the executable, its "
+                    "interpreter and the weights must be readable by that user)"
+                )
             await self._report(Observation(spec.namespace, spec.name, RuntimePhase.FAILED, generation, message=message))
             return
         runtime = _Runtime(
@@ -323,6 +399,8 @@ class LocalProcessScaler:
             log_path=log_path,
             log_offset=offset,
             started_at=started_at,
+            readiness_path=readiness_path,
+            workdir=workdir,
         )
         self._runtimes[runtime.key] = runtime
         # The watcher exists from the first moment, so the exit of a process is always noticed; it reports only
@@ -368,6 +446,8 @@ class LocalProcessScaler:
         # reap, so the group id cannot have been reused by an unrelated process.
         self._signal_group(runtime, signal.SIGKILL)
         runtime.exited.set()
+        if runtime.workdir is not None:
+            shutil.rmtree(runtime.workdir, ignore_errors=True)
         if self._runtimes.get(runtime.key) is runtime:
             del self._runtimes[runtime.key]
         phase = runtime.phase
@@ -387,23 +467,40 @@ class LocalProcessScaler:
     # ------------------------------------------------------------------ readiness, sleep and wake
 
     async def _probe_until_ready(self, runtime: _Runtime) -> None:
-        url = readiness_url(runtime.port, runtime.spec.readiness_path)
+        url = readiness_url(runtime.port, runtime.readiness_path)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._load_timeout
-        while not await self._probe(url):
+        started = loop.time()
+        deadline = started + self._load_timeout
+        tries = 0
+        reported: ProbeAnswer | None = None
+        reported_at = started
+        while True:
+            answer = await self._probe(url)
+            tries += 1
+            if answer.ready:
+                break
             if runtime.exited.is_set():
                 return
-            if loop.time() >= deadline:
+            now = loop.time()
+            if now >= deadline:
                 log.warning("model not ready within the load timeout; stopping it", extra=runtime.where)
                 await self._stop(runtime)
-                message = load_timeout_message(self._load_timeout, self._log_tail(runtime))
+                probe = probe_message(runtime.readiness_path, answer, tries)
+                message = load_timeout_message(self._load_timeout, self._log_tail(runtime), probe)
                 await self._emit(runtime, RuntimePhase.FAILED, message=message)
                 return
+            if runtime.phase is ProcessPhase.LOADING and should_report_probe(
+                answer, last_reported=reported, loading_seconds=now - started, seconds_since_report=now - reported_at
+            ):
+                reported, reported_at = answer, now
+                await self._emit(
+                    runtime, RuntimePhase.LOADING, message=probe_message(runtime.readiness_path, answer, tries)
+                )
             await asyncio.sleep(self._probe_interval)
         if runtime.exited.is_set() or runtime.phase is not ProcessPhase.LOADING:
             return
         runtime.phase = ProcessPhase.READY
-        log.info("model ready", extra={**runtime.where, "endpoint": runtime.endpoint})
+        log.info("model ready", extra={**runtime.where, "endpoint": runtime.endpoint, "probes": tries})
         await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint)
 
     async def _wake(self, runtime: _Runtime, spec: RuntimeSpec) -> None:
@@ -418,7 +515,7 @@ class LocalProcessScaler:
             return
         log.warning("wake_up failed; starting the model afresh", extra=runtime.where)
         await self._stop(runtime)
-        if not spec.command:
+        if not (spec.command or spec.backend):
             await self._report(
                 Observation(
                     spec.namespace, spec.name, RuntimePhase.FAILED, runtime.generation, message=MISSING_COMMAND_MESSAGE
@@ -427,14 +524,42 @@ class LocalProcessScaler:
             return
         await self._start(spec, runtime.generation)
 
-    async def _probe(self, url: str) -> bool:
+    async def _probe(self, url: str) -> ProbeAnswer:
         try:
             async with self._session().get(
                 url, timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_SECONDS)
             ) as response:
-                return 200 <= response.status < 300
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+                return ProbeAnswer(status=response.status)
+        except TimeoutError:
+            return ProbeAnswer(error="timed out")
+        except aiohttp.ClientConnectorError as exc:
+            return ProbeAnswer(error=_connect_error(exc))
+        except (aiohttp.ClientError, OSError) as exc:
+            return ProbeAnswer(error=type(exc).__name__)
+
+    def _find_engines(self, backend: str, search_path: str) -> dict[str, str]:
+        """The engines of ``backend`` this machine has: engine id -> executable (FLEXINFER_LOCAL_ENGINES first)."""
+        configured = self._engines.get(backend)
+        if configured:
+            engine = engine_for_program(backend, configured)
+            executable = shutil.which(configured, path=search_path)
+            if engine is None or executable is None:
+                raise PresetError(
+                    f"{ENGINES_SETTING} names {configured!r} for backend {backend!r}: "
+                    + ("not found on the actuator's PATH" if executable is None else "no engine of it runs that")
+                )
+            return {engine.id: executable}
+        found: dict[str, str] = {}
+        for engine in engines_for(backend):
+            if engine.module:
+                # Only looked up, not imported: the actuator runs no engine code.
+                if importlib.util.find_spec(engine.module.split(".")[0]) is not None:
+                    found[engine.id] = sys.executable
+            else:
+                executable = shutil.which(engine.program, path=search_path)
+                if executable is not None:
+                    found[engine.id] = executable
+        return found
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -468,7 +593,7 @@ class LocalProcessScaler:
 
     async def _report(self, observation: Observation) -> None:
         # One lock per model keeps its reports in call order (asyncio locks are FIFO) across the tasks that make them.
-        lock = self._report_locks.setdefault((observation.namespace, observation.name), asyncio.Lock())
+        lock = self._report_locks.setdefault(ModelKey(observation.namespace, observation.name), asyncio.Lock())
         async with lock:
             await self._on_status(observation)
 
@@ -491,9 +616,54 @@ class LocalProcessScaler:
         return tail_lines(text, LOG_TAIL_LINES)
 
 
-def _base_environment() -> dict[str, str]:
-    """Our environment, with this Python's bin folder first on PATH: a bare ``flexinfer-fake-model`` or ``python``
-    in ``spec.local.command`` means the one installed beside FlexInfer (the venv need not be activated)."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)
-    return env
+def _search_path() -> str:
+    """Our PATH with this Python's bin folder first: a bare ``flexinfer-fake-model`` or ``vllm`` in a command means
+    the one installed beside FlexInfer (the venv need not be activated)."""
+    return os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH", "")) if p)
+
+
+def render_command_env(env: Mapping[str, str], port: int) -> dict[str, str]:
+    return {k: v.replace("{port}", str(port)) for k, v in env.items()}
+
+
+def _connect_error(exc: aiohttp.ClientConnectorError) -> str:
+    os_error = exc.os_error
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    return (os_error.strerror if isinstance(os_error, OSError) and os_error.strerror else None) or "cannot connect"
+
+
+def _model_user(run_as: str | None) -> pwd.struct_passwd | None:
+    """Who model processes run as: ``run_as`` when we are root and it is not root; else None (as we run)."""
+    if run_as is None or os.geteuid() != 0:
+        return None
+    entry = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
+    if entry.pw_uid == 0:
+        log.warning("model processes run as root, as FLEXINFER_LOCAL_RUN_AS says", extra={"run_as": run_as})
+        return None
+    return entry
+
+
+def _private_home(user: pwd.struct_passwd, label: str) -> tuple[Path, ProcessUser]:
+    """A folder of the model's own (0700, owned by ``user``) outside the 0700 state directory: its working
+    directory and ``HOME`` (``nobody``'s own home is ``/nonexistent``). Removed when the process exits."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:60]
+    folder = Path(tempfile.mkdtemp(prefix=f"flexinfer-{safe}-"))
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    return folder, ProcessUser(name=user.pw_name, uid=user.pw_uid, gid=user.pw_gid, home=str(folder))
+
+
+@contextlib.contextmanager
+def _open_log(logs_dir: Path, path: Path) -> Iterator[BinaryIO]:
+    """The model's log, for appending: 0600 and owned by the actuator (the model writes through the descriptor it
+    inherits, so it needs no access to the state directory; the actuator reads the file for failure messages)."""
+    logs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(logs_dir, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a log an older FlexInfer left world-readable (0644)
+    except OSError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "ab") as log_file:
+        yield log_file

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -24,16 +24,13 @@ from flexinfer_common.kube.informer import DELETED, Informer, object_key
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import SpecChange, SpecResync, message_id
 from flexinfer_common.notes import EventType, Note
+from flexinfer_common.ports import Publisher
 from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator.specs")
 
 Kind = Literal["Model", "GPUGroup"]
 ResourceKey = tuple[str, str, str]  # kind, namespace, name
-
-
-class Publisher(Protocol):
-    async def publish(self, subject: str, message: BaseModel, *, msg_id: str | None = None) -> None: ...
 
 
 @dataclass

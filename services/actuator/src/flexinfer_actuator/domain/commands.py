@@ -3,10 +3,14 @@ maps its arguments to an answer, so every rule is a row in a table test."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from flexinfer_actuator.domain.processes import ProcessPhase
 from flexinfer_common.enums import ParkStrategy
+from flexinfer_common.local_commands import env_name_allowed
 from flexinfer_common.messages import RuntimeSpec, ScaleCommand
 
 PORT_PLACEHOLDER = "{port}"
@@ -82,19 +86,64 @@ def render_command(argv: list[str], port: int) -> list[str]:
     return [arg.replace(PORT_PLACEHOLDER, str(port)) for arg in argv]
 
 
-# Our settings that are secrets: a model process (code we do not control) never sees them.
-SECRET_VARIABLES = frozenset(
-    {"FLEXINFER_ADMIN_TOKEN", "FLEXINFER_PROXY_API_KEYS", "FLEXINFER_DATABASE_URL", "FLEXINFER_NATS_URL"}
+# What a model process inherits from the actuator whatever FLEXINFER_LOCAL_ENV says: where programs are, the locale,
+# the time zone, the temporary folder, who it is. Nothing else of ours (never a FLEXINFER_* setting: the admin token,
+# the database URL and the bus credentials are among them).
+INHERITED_ENV = (
+    *("PATH", "HOME", "USER", "LOGNAME"),
+    *("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TMPDIR"),
 )
+_NEVER_INHERITED_PREFIX = "FLEXINFER_"
 
 
-def process_environment(base: dict[str, str], spec: RuntimeSpec, port: int) -> dict[str, str]:
-    """The environment of a model process: ours without our secrets, then the spec's ``env``, then ``PORT``."""
-    own = {k: v for k, v in base.items() if k not in SECRET_VARIABLES}
-    return {**own, **spec.env, "PORT": str(port)}
+@dataclass(frozen=True)
+class ProcessUser:
+    """The unprivileged user a model process runs as (the actuator runs as root): its names and its home for this
+    process (a private temporary folder: the user's own home is often ``/nonexistent``)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
 
 
-def readiness_url(port: int, readiness_path: str) -> str:
+def process_environment(
+    inherited: Mapping[str, str],
+    spec: RuntimeSpec,
+    port: int,
+    *,
+    pass_through: Sequence[str] = (),
+    preset_env: Mapping[str, str] | None = None,
+    user: ProcessUser | None = None,
+) -> dict[str, str]:
+    """The environment of a model process, built from allow-lists, never a copy of ours.
+
+    In order (later wins): ``INHERITED_ENV`` and the names ``pass_through`` allows (FLEXINFER_LOCAL_ENV) from
+    ``inherited``; ``HOME``/``USER``/``LOGNAME`` of ``user`` when it drops privileges; the backend preset's variables;
+    the spec's ``env`` (already judged by the env rule); ``PORT``; the devices it was placed on, as the visible
+    devices of CUDA and ROCm (last: a manifest's env cannot widen a placement that keeps co-resident models within
+    the card's memory).
+    """
+    own = {
+        k: v
+        for k, v in inherited.items()
+        if not k.startswith(_NEVER_INHERITED_PREFIX) and (k in INHERITED_ENV or env_name_allowed(k, pass_through))
+    }
+    if user is not None:
+        own.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+    placed = {}
+    if spec.devices is not None:
+        visible = ",".join(str(d) for d in spec.devices)
+        placed = {name: visible for name in VISIBLE_DEVICES_ENV}
+    return {**own, **(preset_env or {}), **spec.env, "PORT": str(port), **placed}
+
+
+#: what tells a CUDA or ROCm process which devices it may use (the seed's amd.com/gpu nodes read the HIP/ROCR ones)
+VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def readiness_url(port: int, readiness_path: str | None) -> str:
+    readiness_path = readiness_path or "/health"
     path = readiness_path if readiness_path.startswith("/") else "/" + readiness_path
     return f"http://127.0.0.1:{port}{path}"
 
@@ -122,26 +171,79 @@ def tail_lines(text: str, count: int) -> list[str]:
 
 
 def describe_exit(returncode: int) -> str:
-    """``exit code 1`` or ``killed by signal 9 (SIGKILL)`` (asyncio reports a signal as a negative code)."""
+    """``exited with code 1`` or ``killed by signal 4 (SIGILL)`` (asyncio reports a signal as a negative code)."""
     if returncode >= 0:
-        return f"exit code {returncode}"
+        return f"exited with code {returncode}"
     number = -returncode
     return f"killed by signal {number}{_signal_suffix(number)}"
 
 
 def _signal_suffix(number: int) -> str:
-    names = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
-    return f" ({names[number]})" if number in names else ""
+    try:
+        return f" ({signal.Signals(number).name})"
+    except ValueError:
+        return ""
 
 
 def exit_failure_message(returncode: int, *, was_ready: bool, log_tail: list[str]) -> str:
-    """Why a model's process is gone, with the last lines it logged."""
+    """Why a model's process is gone, with the last lines it logged: ``process killed by signal 4 (SIGILL) after it
+    was Ready``."""
     when = "after it was Ready" if was_ready else "before it was ready"
-    return _with_log(f"process exited {when} ({describe_exit(returncode)})", log_tail)
+    return _with_log(f"process {describe_exit(returncode)} {when}", log_tail)
 
 
-def load_timeout_message(load_timeout_seconds: float, log_tail: list[str]) -> str:
-    return _with_log(f"not ready within the load timeout ({load_timeout_seconds:g}s); process stopped", log_tail)
+def load_timeout_message(load_timeout_seconds: float, log_tail: list[str], probe: str = "") -> str:
+    """``not ready within the load timeout (600s): GET /health → 404, 12000 tries; process stopped``."""
+    answers = f": {probe}" if probe else ""
+    summary = f"not ready within the load timeout ({load_timeout_seconds:g}s){answers}; process stopped"
+    return _with_log(summary, log_tail)
+
+
+# ---- readiness-probe answers while loading
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What one readiness probe got: an HTTP status, or why there was none (``connection refused``, ``timed out``)."""
+
+    status: int | None = None
+    error: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    def text(self) -> str:
+        return str(self.status) if self.status is not None else (self.error or "no answer")
+
+
+PROBE_QUIET_SECONDS = 1.0
+"""A load shorter than this reports no probe answers (connection refused for a moment is how every server starts)."""
+PROBE_REPORT_EVERY_SECONDS = 5.0
+"""While the answer stays the same, the Loading message (with its count of tries) is refreshed this often."""
+
+
+def probe_message(path: str, answer: ProbeAnswer, tries: int) -> str:
+    """``GET /health → 404, 12 tries``."""
+    shown = path if path.startswith("/") else "/" + path
+    return f"GET {shown} → {answer.text()}, {tries} {'try' if tries == 1 else 'tries'}"
+
+
+def should_report_probe(
+    answer: ProbeAnswer,
+    *,
+    last_reported: ProbeAnswer | None,
+    loading_seconds: float,
+    seconds_since_report: float,
+) -> bool:
+    """Whether a probe's answer is worth a Loading report: not during the first second of a load, then when the
+    answer changes (503 → 404) and at most every few seconds while it stays the same. A ready answer is reported
+    as Ready, never here."""
+    if answer.ready or loading_seconds < PROBE_QUIET_SECONDS:
+        return False
+    if last_reported != answer:
+        return True
+    return seconds_since_report >= PROBE_REPORT_EVERY_SECONDS
 
 
 def _with_log(summary: str, log_tail: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""What the actuator knows about one model's runtime (a local process today, a Deployment later)."""
+"""What the actuator knows about one model's runtime: a local process, or a Deployment in Kubernetes mode."""
 
 from __future__ import annotations
 

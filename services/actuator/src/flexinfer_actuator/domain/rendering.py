@@ -13,6 +13,11 @@ functions of the Model and the actuator's backend settings.
   so a swap back skips the disk. The copy is verified by a marker written last (flexinfer_actuator.flash_loader).
 - The Deployment starts at 0 replicas (FlexInfer scales it), uses ``Recreate`` (one GPU: the old Pod must be gone
   first) and carries the hash of what was rendered, so an edit that changes nothing rendered rolls nothing.
+- A model of a group with a ``spec.capacity`` shares the card with the other models resident there (its ACTIVATE
+  commands carry ``runtime.devices``): its Pod requests replicas of the cluster's *shared* GPU resource (time-sliced
+  or MPS replicas, ``FLEXINFER_SHARED_GPU_RESOURCE``), one per device it is placed on, instead of a whole GPU, and
+  must name the group's node (``kubernetes.io/hostname`` in its nodeSelector, the same for every member). See
+  :func:`co_resident_placement`.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from flexinfer_common.enums import ParkStrategy
-from flexinfer_common.manifests import Model
+from flexinfer_common.manifests import GPUGroup, Model
 
 MANAGED_BY = "flexinfer-actuator"
 LABEL_MODEL = "ai.flexinfer/model"
@@ -136,6 +141,30 @@ DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {
         "args": ["--model", "{model}", "--alias", "{name}", "--host", "0.0.0.0", "--port", "{port}"],
         "readinessPath": "/health",
     },
+    "sglang": {
+        "image": "lmsysorg/sglang:v0.5.3-cu126",
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": ["--model-path", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}"],
+        "readinessPath": "/health",
+        "env": {"HF_HOME": f"{CACHE_MOUNT}/huggingface"},
+    },
+    "infinity": {
+        "image": "michaelf34/infinity:0.0.77",
+        "args": [
+            "v2",
+            "--model-id",
+            "{model}",
+            "--served-model-name",
+            "{name}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "{port}",
+        ],
+        "port": 7997,
+        "readinessPath": "/health",
+        "env": {"HF_HOME": f"{CACHE_MOUNT}/huggingface"},
+    },
     "ollama": {
         "image": "ollama/ollama:0.12.3",
         "port": 11434,
@@ -170,6 +199,7 @@ class RenderSettings:
 
     backends: Mapping[str, Backend]
     gpu_resource: str = "nvidia.com/gpu"
+    shared_gpu_resource: str = "nvidia.com/gpu.shared"  # a co-resident model's Pod: replicas of the card
     cache_claim: str = "flexinfer-model-cache"  # cache.strategy SharedPVC, in the Model's namespace
     tmpfs_root: str = "/dev/shm/flexinfer"  # cache.strategy Memory, on the node
     source_root: str = "/models"  # where pvc:// claims are mounted in the containers
@@ -178,6 +208,82 @@ class RenderSettings:
     termination_grace_seconds: int = 30
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class CoResidence:
+    """The model is a member of a group with a ``spec.capacity``: several models are resident on its card at once,
+    so its Pod shares the card with theirs instead of holding a whole GPU.
+
+    ``devices``: how many of the group's devices the model is placed on (its ``spec.gpu.devices``: the length of the
+    ``runtime.devices`` its ACTIVATE commands carry); ``group_devices``: the group's ``spec.capacity.devices``;
+    ``peers``: the node each other member of the group names (``kubernetes.io/hostname`` of its nodeSelector), by
+    member name, to keep the group on one node."""
+
+    group: str
+    devices: int = 1
+    group_devices: int = 1
+    peers: Mapping[str, str] = field(default_factory=dict)
+
+
+def co_residence_of(
+    model: Model, groups: Iterable[GPUGroup], members: Iterable[Model], settings: RenderSettings
+) -> CoResidence | None:
+    """Whether ``model`` shares a card with other resident models, from the manifests (pure): the GPUGroup without
+    ``spec.models`` named by its ``spec.gpu.shared`` declares a ``spec.capacity``. The same facts the scheduler
+    places from, so the Deployment, rendered before any command, requests what its ACTIVATE's ``runtime.devices``
+    will say. ``members``: the other Models; those of the same group that FlexInfer renders give ``peers``."""
+    shared = model.spec.gpu.shared
+    group = next((g for g in groups if g.name == shared and not g.is_v1alpha1), None) if shared else None
+    if group is None or group.spec.capacity is None:
+        return None
+    peers = {}
+    for other in members:
+        itself = (other.namespace, other.name) == (model.namespace, model.name)
+        if itself or other.spec.gpu.shared != shared or other.spec.deployment:
+            continue
+        node = {**settings.node_selector, **other.spec.kubernetes.node_selector}.get(HOSTNAME_LABEL)
+        if node:
+            peers[f"{other.namespace}/{other.name}"] = node
+    return CoResidence(
+        group=group.name, devices=model.spec.gpu.devices, group_devices=group.spec.capacity.devices, peers=peers
+    )
+
+
+def co_resident_placement(node_selector: Mapping[str, str], co_residence: CoResidence) -> str:
+    """The node a co-resident model's Pod must land on (its ``kubernetes.io/hostname``), or a RenderError saying
+    why it cannot be placed. Pure.
+
+    The models of a group with a capacity share one card, so one node: a nodeSelector naming the node is required
+    (the Kubernetes scheduler would otherwise be free to put two members on two nodes, and FlexInfer's bound on the
+    card's memory would count a card that one of them is not on), and every member must name the same one. A group
+    of more than one device is refused: the device plugin, not FlexInfer, chooses the physical card a replica of
+    the shared resource is on, so the per-device bound FlexInfer keeps could not hold (a one-device group per card
+    keeps it)."""
+    group = co_residence.group
+    if co_residence.group_devices > 1:
+        raise RenderError(
+            f"spec.gpu.shared: group {group!r} declares spec.capacity.devices {co_residence.group_devices}; in "
+            "Kubernetes mode a group with a capacity is one card (the device plugin chooses the card a shared "
+            "replica is on, so FlexInfer cannot keep each device within its memory): declare one GPUGroup per card"
+        )
+    node = node_selector.get(HOSTNAME_LABEL)
+    if not node:
+        raise RenderError(
+            f"spec.kubernetes.nodeSelector: group {group!r} has a spec.capacity (its models share one card), so "
+            f"its Pods must land on the card's node: set {HOSTNAME_LABEL} in spec.kubernetes.nodeSelector (or in "
+            "FLEXINFER_MODEL_NODE_SELECTOR) to that node, the same for every model of the group"
+        )
+    elsewhere = sorted(f"{peer} is on {where!r}" for peer, where in co_residence.peers.items() if where != node)
+    if elsewhere:
+        raise RenderError(
+            f"spec.kubernetes.nodeSelector: {HOSTNAME_LABEL}={node!r}, but group {group!r} shares one card and "
+            f"{', '.join(elsewhere)}: every model of a group with a capacity must name the same node"
+        )
+    return node
 
 
 @dataclass(frozen=True)
@@ -211,9 +317,16 @@ def template_hash(template: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def render(model: Model, owner: Mapping[str, Any], settings: RenderSettings) -> Workload:
+def render(
+    model: Model,
+    owner: Mapping[str, Any],
+    settings: RenderSettings,
+    *,
+    co_residence: CoResidence | None = None,
+) -> Workload:
     """The Deployment and Service for ``model`` (``owner``: the Model object as the API server returned it, for
-    its uid). Raises RenderError naming the field when the spec cannot be rendered."""
+    its uid; ``co_residence``: set when its group has a capacity). Raises RenderError naming the field when the
+    spec cannot be rendered."""
     spec, kube = model.spec, model.spec.kubernetes
     if not spec.backend:
         raise RenderError("spec.backend: required when spec.deployment is not set (FlexInfer renders the workload)")
@@ -296,7 +409,14 @@ def render(model: Model, owner: Mapping[str, Any], settings: RenderSettings) -> 
     if command:
         container["command"] = [_substitute(c, values) for c in command]
     resources: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in kube.resources.items()}
-    if kube.gpus:
+    node_selector = {**settings.node_selector, **kube.node_selector}
+    if kube.gpus and co_residence is not None:
+        co_resident_placement(node_selector, co_residence)
+        # A replica of the card per device it is placed on, beside the other resident models. No visible-devices
+        # variable: the device plugin exposes the card the replica is on to the container (as its device 0), so a
+        # group index set here could only hide it.
+        resources.setdefault("limits", {})[settings.shared_gpu_resource] = str(co_residence.devices)
+    elif kube.gpus:
         resources.setdefault("limits", {})[settings.gpu_resource] = str(kube.gpus)
     if resources:
         container["resources"] = resources
@@ -308,7 +428,6 @@ def render(model: Model, owner: Mapping[str, Any], settings: RenderSettings) -> 
     }
     if init:
         pod_spec["initContainers"] = init
-    node_selector = {**settings.node_selector, **kube.node_selector}
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     tolerations = [dict(t) for t in settings.tolerations] + [dict(t) for t in kube.tolerations]

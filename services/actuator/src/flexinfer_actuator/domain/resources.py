@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from flexinfer_common.enums import ModelPhase, SharedState
+from flexinfer_common.enums import ModelPhase, SharedState, SwapReason
 from flexinfer_common.manifests import GPUGroup, ManifestError, dump_resource, parse_resource
 from flexinfer_common.messages import GroupStatusUpdate, ModelRef, ModelStatus, SwapEvent
 from flexinfer_common.notes import EventType as EventType
@@ -83,7 +83,7 @@ def gpugroup_spec(obj: Object, *, conflict_with: str | None = None) -> SpecVerdi
         return SpecVerdict(None, str(exc), _generation(obj))
     assert isinstance(group, GPUGroup)
     manifest = dump_resource(group)
-    for member in manifest["spec"]["models"]:
+    for member in manifest["spec"].get("models", []):  # none: a v1alpha2 group's declaration
         member.setdefault("namespace", namespace)
     return SpecVerdict(manifest, None, _generation(obj))
 
@@ -262,7 +262,11 @@ def swap_notes(event: SwapEvent) -> list[Note]:
             notes.append(
                 Note(*target, EventType.NORMAL, "SwapStarted", f"taking the GPU of group {group}{given} ({reason})")
             )
-        if source is not None:
+        if source is not None and event.reason == SwapReason.GROUP_CHANGE:
+            # a GPUGroup (or spec.gpu.shared) moved a loaded model: the move waits until it is off this card
+            message = f"moved to another group while it holds the GPU of group {group}: parked here first, then moved"
+            notes.append(Note(*source, EventType.WARNING, "GroupChangeDeferred", message))
+        elif source is not None:
             by = event.to_model or "nobody"
             notes.append(
                 Note(*source, EventType.NORMAL, "Preempted", f"parking: group {group} goes to {by} ({reason})")

@@ -16,6 +16,8 @@ The rules, as the swap contract needs them:
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -92,6 +94,7 @@ class PodFacts:
     finished: bool
     problem: str | None
     port: int | None
+    last_exit: str | None = None  # how its container ended before its last restart
 
     @property
     def holds_resources(self) -> bool:
@@ -127,16 +130,38 @@ def pod_problem(pod: Object) -> str | None:
             return _join(reason, waiting.get("message"))
         if reason == "CrashLoopBackOff":
             last = (container.get("lastState") or {}).get("terminated") or {}
-            exit_code = last.get("exitCode")
             detail = last.get("message") or last.get("reason") or ""
             summary = f"CrashLoopBackOff: container {container.get('name', '?')}"
-            if exit_code is not None:
-                summary += f" exited with code {exit_code}"
+            if last.get("exitCode") is not None:
+                summary += " " + describe_termination(last)
             if container.get("restartCount"):
                 summary += f" ({container['restartCount']} restarts)"
             return _join(summary, detail.strip())
     if status.get("phase") == "Failed":
         return _join(f"Pod {status.get('reason') or 'failed'}", status.get("message"))
+    return None
+
+
+def describe_termination(terminated: Object) -> str:
+    """``exited with code 1``, ``exited with code 132 (SIGILL)``: a container killed by signal N exits 128 + N."""
+    code = terminated.get("exitCode")
+    text = f"exited with code {code}"
+    if isinstance(code, int) and 128 < code < 128 + 65:
+        with contextlib.suppress(ValueError):
+            text += f" ({signal.Signals(code - 128).name})"
+    return text
+
+
+def last_exit(pod: Object) -> str | None:
+    """How a container of the Pod ended last time, when it has been restarted: ``container server exited with code
+    132 (SIGILL) (1 restarts): <its termination message>`` (None: no restart)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        if last.get("exitCode") is not None:
+            summary = f"container {container.get('name', '?')} {describe_termination(last)}"
+            if container.get("restartCount"):
+                summary += f" ({container['restartCount']} restarts)"
+            return _join(summary, str(last.get("message") or "").strip())
     return None
 
 
@@ -156,6 +181,7 @@ def pod_facts(pod: Object) -> PodFacts:
         finished=status.get("phase") in ("Succeeded", "Failed"),
         problem=pod_problem(pod),
         port=_first_container_port(pod),
+        last_exit=last_exit(pod),
     )
 
 
@@ -281,7 +307,10 @@ def judge_run(facts: WorkloadFacts, state: RunState) -> Verdict:
     if problem:
         return Verdict(RuntimePhase.LOADING, message=problem, replicas=replicas)
     waiting = [p for p in facts.alive if not p.terminating]
-    if state.was_ready:
+    crashed = next((p.last_exit for p in reversed(waiting) if p.last_exit), None)
+    if state.was_ready and crashed:
+        message = f"restarting: {crashed}"
+    elif state.was_ready:
         message = "restarting: no pod is Ready"
     elif waiting:
         message = f"waiting for pod {waiting[-1].name} to become Ready"

@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flexinfer_common.db import GroupRow, LeaseRow, ModelRow
-from flexinfer_common.enums import GroupPolicy, LeasePhase
+from flexinfer_common.enums import LeasePhase
 from flexinfer_lease_manager.domain.leases import Lease, LeaseSource, MemberState
 
 
@@ -127,10 +127,11 @@ class LeaseStore:
         return [to_lease(r) for r in rows]
 
     async def known_groups(self) -> frozenset[str]:
-        """The GPU groups that exist: a model's ``spec.gpu.shared``, or a v1alpha1 GPUGroup."""
+        """The GPU groups that exist: a model's ``spec.gpu.shared``, or a GPUGroup (v1alpha1, or one declaring a
+        v1alpha2 group)."""
         shared = ModelRow.manifest["spec"]["gpu"]["shared"].astext
         models = select(ModelRow.group_name).where(ModelRow.group_name == shared).distinct()
-        groups = select(GroupRow.name).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value)
+        groups = select(GroupRow.name).where(GroupRow.manifest.is_not(None))
         async with self.sessions() as session:
             names = set((await session.scalars(models)).all()) | set((await session.scalars(groups)).all())
         return frozenset(n for n in names if n)

@@ -28,6 +28,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from time import monotonic
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_proxy.adapters.http1 import (
@@ -43,7 +44,6 @@ from flexinfer_proxy.adapters.http1 import (
 from flexinfer_proxy.adapters.http_server import Request, ServerConnection
 from flexinfer_proxy.domain.errors import ProxyError, upstream_never_connected, upstream_unavailable
 from flexinfer_proxy.domain.requests import Endpoint, parse_endpoint, relayed_head, retry_safe
-from flexinfer_proxy.domain.routes import ModelKey
 
 log = get_logger("flexinfer.proxy.upstream")
 
@@ -53,6 +53,9 @@ _RELAYED_HEADS: dict[bytes, bytes] = {}
 
 # (Read per answer: looking an Enum member up on its class costs about 50 ns on CPython 3.11, a global 6 ns.)
 _CHUNKED, _UNTIL_CLOSE = Framing.CHUNKED, Framing.UNTIL_CLOSE
+
+#: Request fields that carry the proxy's own API key when FLEXINFER_PROXY_API_KEYS is set (never forwarded then).
+_CREDENTIAL_FIELDS = frozenset({b"authorization", b"x-api-key"})
 
 #: Methods whose empty body goes without a Content-Length (as clients send them).
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
@@ -130,11 +133,13 @@ class Forwarder:
         *,
         extra_headers: Sequence[Header] = (),
         on_sent: OnSent | None = None,
+        kind: type[Exchange] | None = None,
     ) -> Exchange:
         """Start forwarding ``request`` to ``route``'s ``endpoint`` + ``path`` (with ``body`` when the proxy holds
         it, else its body streams); ``on_done`` is called once when it ends. ``on_sent`` runs once the request
         head went out (or the attempt failed before that). ``strip_authorization``: the client's credentials were
-        the proxy's own API key, not the model's to see."""
+        the proxy's own API key, not the model's to see. ``kind``: an ``Exchange`` subclass to relay the answer
+        differently (``keepalive.KeptAliveExchange``)."""
         client = self._client
         if client is None:
             raise RuntimeError("Forwarder.start() was not called")
@@ -143,10 +148,12 @@ class Forwarder:
         if self._on_forward is not None:
             self._on_forward(key)
         headers = request.headers
-        if strip_authorization and request.authorization is not None:
-            headers = [h for h in headers if h[0].lower() != b"authorization"]
+        if strip_authorization:  # (the proxy's API key: Authorization, or an Anthropic client's x-api-key)
+            headers = [h for h in headers if h[0].lower() not in _CREDENTIAL_FIELDS]
         pool = client.pool(endpoint.host, endpoint.port)
-        exchange = Exchange(self, pool, request, key, route, path, body, on_done, headers, extra_headers, on_sent)
+        exchange = (Exchange if kind is None else kind)(
+            self, pool, request, key, route, path, body, on_done, headers, extra_headers, on_sent
+        )
         if endpoint.base_path:
             exchange.target = endpoint.base_path.encode() + path
         conn = pool.take()

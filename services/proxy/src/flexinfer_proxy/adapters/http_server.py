@@ -12,6 +12,11 @@ takes it over (a streamed body goes to ``Request.sink`` as it arrives), or lets 
 ``request`` with all of it. Whoever answers writes with ``ServerConnection.write`` and ends with ``finish``; the
 connection then serves the next request (keep-alive and pipelining, in order) or closes. A client that leaves calls
 the request's ``on_gone``, so the work done for it stops. Idle connections are closed after ``idle_timeout``.
+
+Shedding (``domain.shedding``): a connection past ``max_connections`` (or past ``max_per_client`` from its address)
+gets a parser of its own that answers its first request head with 503 ``too_many_connections`` and closes, so the
+connections served cost nothing more for it; slow requests (head or body) are found by the once-a-second sweep that
+also closes idle connections, not by a timer per request.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from flexinfer_proxy.adapters.flow import ReadingControl
 from flexinfer_proxy.domain import errors
 from flexinfer_proxy.domain.errors import ProxyError
 from flexinfer_proxy.domain.requests import NOT_FORWARDED, raw_connection_tokens
+from flexinfer_proxy.domain.shedding import SHED_GRACE, Limits, Shed, ShedLog, admit_connection, too_slow
+from flexinfer_proxy.metrics import PROXY_OPEN_CONNECTIONS, PROXY_SHED
 
 log = get_logger("flexinfer.proxy.server")
 
@@ -60,6 +67,7 @@ _FIELD_NAME_REMEMBERED = 64
 _STATUS_REASONS = {
     200: b"OK",
     400: b"Bad Request",
+    408: b"Request Timeout",
     401: b"Unauthorized",
     404: b"Not Found",
     405: b"Method Not Allowed",
@@ -192,6 +200,26 @@ class _Refused(Exception):
     """Parsing stops: the request was answered with an error (and the connection closes)."""
 
 
+class _ShedCallbacks:
+    """The parser's callbacks on a connection refused for the caps: the first request head gets 503."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: ServerConnection) -> None:
+        self.conn = conn
+
+    def on_headers_complete(self) -> None:
+        conn = self.conn
+        limits = conn.server.limits
+        conn._refuse(
+            errors.too_many_connections(
+                limits.max_per_client if conn.shed_reason is Shed.MAX_CONNECTIONS_PER_CLIENT else None,
+                limits.max_connections,
+            )
+        )
+        raise _Refused
+
+
 class ServerConnection(ReadingControl, asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -205,14 +233,36 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
         self.refusing = False  # an error was answered mid-request: the rest of the input is not read
         self.reading_paused = False
         self.writing_paused = False
-        self.last_active = time.monotonic()
+        self.opened = self.last_active = time.monotonic()
         self._head_bytes = 0
+        self.client: str | None = None  # the peer's address, once admitted (counted against the caps)
+        self.shed_reason: Shed | None = None  # refused for the caps: answered 503 once its head is read
+        #: ``(request, since, body bytes then)``: when the proxy last stopped reading this request (the time it
+        #: spent paused does not count against its deadline).
+        self.clock: tuple[Request, float, int] | None = None
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.server.connections.add(self)
+        server = self.server
+        server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        reason = admit_connection(server.limits, server.admitted, server.per_client.get(client, 0))
+        if reason is None:
+            self.client = client
+            server.admitted += 1
+            server.per_client[client] = server.per_client.get(client, 0) + 1
+            return
+        server.shed(reason)
+        if server.shedding >= server.limits.shed_backlog:
+            self.refusing = True  # too many refused already: not even a 503 (that would hold the descriptor longer)
+            self.transport.close()
+            return
+        self.shed_reason = reason
+        server.shedding += 1
+        self.parser = httptools.HttpRequestParser(_ShedCallbacks(self))
 
     def data_received(self, data: bytes) -> None:
         if self.refusing or self.closed:
@@ -236,8 +286,21 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.connections.discard(self)
-        self.server.connection_closed()
+        server = self.server
+        server.connections.discard(self)
+        client = self.client
+        if client is not None:
+            self.client = None
+            server.admitted -= 1
+            left = server.per_client[client] - 1
+            if left:
+                server.per_client[client] = left
+            else:
+                del server.per_client[client]
+        elif self.shed_reason is not None:
+            self.shed_reason = None
+            server.shedding -= 1
+        server.connection_closed()
         active = self.active
         self.active = None
         self.pipeline.clear()
@@ -511,15 +574,59 @@ class ServerConnection(ReadingControl, asyncio.Protocol):
         if self.active is None and (self.server.closing or now - self.last_active > idle_timeout):
             self._close()
 
+    def sweep(self, now: float, idle_timeout: float, limits: Limits) -> None:
+        """Once a second: close the connection when idle too long, cut its request when it arrives too slowly
+        (``domain.shedding.too_slow``), close a refused connection that has not sent its head in time."""
+        if self.closed or self.refusing:
+            return  # (closing already, or lingering for a bounded time)
+        if self.shed_reason is not None:
+            if now - self.opened > SHED_GRACE:
+                self._close()
+            return
+        request = self.current
+        if request is None:
+            if self.active is None:
+                if self.last_active == self.opened and now - self.opened > limits.header_timeout:
+                    self.server.shed(Shed.HEADER_TIMEOUT)  # connected, and not one byte of a request since
+                    self._close()
+                else:
+                    self.close_if_idle(now, idle_timeout)
+            return
+        if self.reading_paused:  # the proxy is not reading it (backpressure, or its turn has not come)
+            self.clock = (request, now, request.body_size)
+            return
+        clock = self.clock
+        if clock is not None and clock[0] is request:
+            since, received = clock[1], request.body_size - clock[2]
+        else:
+            since, received = request.arrived, request.body_size
+        reason = too_slow(limits, now, since, head_done=bool(request.method), received=received)
+        if reason is not None:
+            self.server.shed(reason)
+            self._refuse(errors.request_timeout("headers" if reason is Shed.HEADER_TIMEOUT else "body"))
+
+
+#: The caps and deadlines when none are given (``ProxySettings``' defaults).
+DEFAULT_LIMITS = Limits(
+    max_connections=8192, max_per_client=1024, header_timeout=10.0, body_timeout=10.0, body_min_rate=8192.0
+)
+
 
 class HttpServer:
     """Listening, the set of open client connections, idle closing, and a graceful close."""
 
-    def __init__(self, handler: Handler, *, max_body: int, idle_timeout: float = 75.0) -> None:
+    def __init__(
+        self, handler: Handler, *, max_body: int, idle_timeout: float = 75.0, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self.handler = handler
         self.max_body = max_body
         self.idle_timeout = idle_timeout
+        self.limits = limits
         self.connections: set[ServerConnection] = set()
+        self.admitted = 0  # connections served (not refused for the caps)
+        self.per_client: dict[str, int] = {}  # of those, per client address
+        self.shedding = 0  # connections refused for the caps, waiting for their head to be told 503
+        self.shed_log = ShedLog()
         self.closing = False
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -540,9 +647,28 @@ class HttpServer:
 
     def _sweep(self) -> None:
         now = time.monotonic()
+        idle_timeout, limits = self.idle_timeout, self.limits
         for conn in list(self.connections):
-            conn.close_if_idle(now, self.idle_timeout)
+            conn.sweep(now, idle_timeout, limits)
+        PROXY_OPEN_CONNECTIONS.set(self.admitted)
+        self._log_shed(self.shed_log.due(now))
         self._sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
+
+    def shed(self, reason: Shed) -> None:
+        """Count a connection or request shed (the metric at once, a log line at most every 10 s)."""
+        PROXY_SHED.labels(reason=reason.value).inc()
+        self._log_shed(self.shed_log.shed(reason, time.monotonic()))
+
+    def _log_shed(self, counts: dict[Shed, int] | None) -> None:
+        if counts:
+            log.warning(
+                "shedding connections and slow requests",
+                extra={
+                    **{f"shed_{reason.value}": count for reason, count in counts.items()},
+                    "open_connections": self.admitted,
+                    "max_connections": self.limits.max_connections,
+                },
+            )
 
     def connection_closed(self) -> None:
         if self._all_closed is not None and not self.connections:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 
 from flexinfer_common import subjects
 from flexinfer_common.clock import Clock, SystemClock
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import InFlightCount, InFlightReport, message_id
 from flexinfer_common.tasks import cancel_and_wait
-from flexinfer_proxy.adapters.demand import DemandPublisher
-from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_proxy.ports import DemandPublisher
 
 log = get_logger("flexinfer.proxy.in_flight")
 

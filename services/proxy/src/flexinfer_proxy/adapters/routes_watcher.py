@@ -6,39 +6,34 @@ purge removes the model. A malformed entry is logged and counted (``flexinfer_ba
 nothing. If the watch breaks, NATS reconnected (an ordered consumer may not survive a server restart), or its
 consumer vanished from the server (checked every ``check_interval`` of quiet), the watcher starts over from a fresh
 snapshot, with back-off. Meanwhile the proxy keeps serving from the table it has.
+
+A watch delivers a write a moment after the writer's acknowledgement, so a request sent right after ``flexinfer
+apply`` returned can reach the proxy first. ``caught_up`` closes that gap for a request naming a model the table
+does not hold: it reads the bucket's last sequence and waits (briefly) until the watch has applied it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Protocol
+from typing import Any
 
 import nats.errors
 from pydantic import ValidationError
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_common.metrics import BAD_MESSAGES
 from flexinfer_common.tasks import cancel_and_wait
-from flexinfer_proxy.domain.routes import ModelKey
+from flexinfer_proxy.ports import RouteSink
 
 log = get_logger("flexinfer.proxy.routes")
 
 BAD_ROUTE_SUBJECT = f"$KV.{subjects.ROUTES_BUCKET}.>"
 _REMOVALS = frozenset({"DEL", "PURGE"})
-
-
-class RouteSink(Protocol):
-    """Where route updates go (the proxy's route table plus its queues)."""
-
-    def replace_routes(self, routes: list[Route]) -> None: ...
-
-    def put_route(self, route: Route) -> None: ...
-
-    def remove_route(self, key: ModelKey) -> None: ...
 
 
 class BadRoute(ValueError):
@@ -90,6 +85,9 @@ class RouteWatcher:
         self.watching = False
         self._synced = False
         self._task: asyncio.Task[None] | None = None
+        self.revision = 0  # the bucket's sequence the table reflects (the last entry the watch applied)
+        self._advanced = asyncio.Event()  # set (and replaced) whenever ``revision`` moves
+        self._checking: asyncio.Task[bool] | None = None  # one look at the bucket at a time, shared
 
     async def start(self) -> None:
         if self._task is None:
@@ -153,12 +151,43 @@ class RouteWatcher:
                         snapshot = None
                         self._synced = True
                         self.loaded.set()
+                        self._advance(self.revision)
                         log.info("routes loaded", extra={"models": len(keys)})
                     continue
                 self._apply(entry, snapshot, keys)
+                if snapshot is None:  # (a snapshot's entries count once it replaced the table)
+                    self._advance(entry.revision)
+                else:
+                    self.revision = max(self.revision, int(entry.revision or 0))
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
+
+    def _advance(self, revision: int | None) -> None:
+        self.revision = max(self.revision, int(revision or 0))
+        advanced, self._advanced = self._advanced, asyncio.Event()
+        advanced.set()
+
+    async def caught_up(self, within: float = 1.0) -> bool:
+        """Wait until the table holds every route written to the bucket before this call (at most ``within``
+        seconds); False when it does not (yet), or the bucket cannot be read. Concurrent callers share one look."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.create_task(self._catch_up(within), name="routes-caught-up")
+        return await asyncio.shield(self._checking)
+
+    async def _catch_up(self, within: float) -> bool:
+        try:
+            async with asyncio.timeout(within):
+                status = await (await self._bus.routes()).status()
+                last = int(status.stream_info.state.last_seq or 0)
+                while not (self.loaded.is_set() and self.revision >= last):
+                    await self._advanced.wait()
+                return True
+        except TimeoutError:
+            return False
+        except Exception as exc:
+            log.warning("could not read the routes bucket's sequence", extra={"error": repr(exc)})
+            return False
 
     @staticmethod
     async def _check_alive(watcher: Any) -> None:

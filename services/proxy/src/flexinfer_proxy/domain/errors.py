@@ -1,39 +1,11 @@
-"""The errors the proxy answers with, as OpenAI-style bodies: ``{"error": {"message", "type", "code"}}``."""
+"""The errors the proxy answers with, as OpenAI-style bodies: ``{"error": {"message", "type", "code"}}`` (the one
+error contract of :mod:`flexinfer_common.errors`: its types and codes)."""
 
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 
-
-class ErrorCode(StrEnum):
-    INVALID_REQUEST = "invalid_request"
-    MODEL_NOT_FOUND = "model_not_found"
-    MODEL_AMBIGUOUS = "model_ambiguous"
-    MODEL_FAILED = "model_failed"
-    MODEL_REMOVED = "model_removed"
-    QUEUE_FULL = "queue_full"
-    QUEUE_TIMEOUT = "queue_timeout"
-    SHUTTING_DOWN = "shutting_down"
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    ROUTES_UNAVAILABLE = "routes_unavailable"
-    DEMAND_UNAVAILABLE = "demand_unavailable"
-    BODY_TOO_LARGE = "body_too_large"
-    QUEUE_BYTES_FULL = "queue_bytes_full"
-    URI_TOO_LONG = "uri_too_long"
-    HEADERS_TOO_LARGE = "headers_too_large"
-    UNSUPPORTED_TRANSFER_ENCODING = "unsupported_transfer_encoding"
-    NOT_FOUND = "not_found"
-    METHOD_NOT_ALLOWED = "method_not_allowed"
-    UNAUTHORIZED = "unauthorized"
-    INTERNAL = "internal_error"
-
-
-class ErrorType(StrEnum):
-    INVALID_REQUEST = "invalid_request_error"
-    AUTHENTICATION = "authentication_error"
-    RATE_LIMIT = "rate_limit_error"
-    SERVER = "server_error"
+from flexinfer_common.errors import ErrorCode, ErrorType, error_type
 
 
 class ProxyError(Exception):
@@ -52,7 +24,7 @@ class ProxyError(Exception):
         self.status = status
         self.code = code
         self.message = message
-        self.type = type_ or _default_type(status)
+        self.type = type_ or error_type(status)
         self.retry_after = retry_after
 
     def body(self) -> bytes:
@@ -62,16 +34,6 @@ class ProxyError(Exception):
 
     def __repr__(self) -> str:
         return f"ProxyError({self.status}, {self.code.value}, {self.message!r})"
-
-
-def _default_type(status: int) -> ErrorType:
-    if status == 401:
-        return ErrorType.AUTHENTICATION
-    if status == 429:
-        return ErrorType.RATE_LIMIT
-    if status >= 500:
-        return ErrorType.SERVER
-    return ErrorType.INVALID_REQUEST
 
 
 def model_not_found(model: str) -> ProxyError:
@@ -191,6 +153,26 @@ def invalid_api_key() -> ProxyError:
         401,
         ErrorCode.UNAUTHORIZED,
         "missing or wrong API key: send Authorization: Bearer <key> (FLEXINFER_PROXY_API_KEYS)",
+    )
+
+
+def too_many_connections(per_client: int | None, total: int) -> ProxyError:
+    what = f"{per_client} from one address" if per_client is not None else f"{total} in all"
+    return ProxyError(
+        503,
+        ErrorCode.TOO_MANY_CONNECTIONS,
+        f"the proxy has too many open connections ({what}); retry later",
+        retry_after=1,
+    )
+
+
+def request_timeout(part: str) -> ProxyError:
+    return ProxyError(
+        408,
+        ErrorCode.REQUEST_TIMEOUT,
+        f"the request {part} arrived too slowly (FLEXINFER_PROXY_HEADER_TIMEOUT, FLEXINFER_PROXY_BODY_TIMEOUT, "
+        "FLEXINFER_PROXY_BODY_MIN_RATE)",
+        type_=ErrorType.INVALID_REQUEST,
     )
 
 

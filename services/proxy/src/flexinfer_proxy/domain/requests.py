@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from flexinfer_proxy.domain.errors import invalid_request
+from flexinfer_proxy.domain.errors import ProxyError, invalid_request
 
 #: Headers that describe one hop, not the message (RFC 9110 section 7.6.1), and so are never forwarded.
 HOP_BY_HOP = frozenset(
@@ -50,17 +50,25 @@ def model_of(body: bytes) -> str:
             parsed = value
     except (ValueError, UnicodeDecodeError, StopIteration):
         pass
+    except RecursionError:  # (arrays or objects nested thousands deep: the C scanner recurses per level)
+        raise _too_deep() from None
     if parsed is None:
         try:  # ... anything else is read by json.loads (UTF-16/32, surrounding whitespace), or refused as it says
             parsed = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise _too_deep() from None
     if not isinstance(parsed, dict):
         raise invalid_request("the request body must be a JSON object with a 'model' field")
     model = parsed.get("model")
     if isinstance(model, str) and (model := model.strip()):
         return model
     raise invalid_request("the request body has no 'model' (a model name, namespace/name, or a service label)")
+
+
+def _too_deep() -> ProxyError:
+    return invalid_request("the request body is not valid JSON: it is nested too deeply")
 
 
 def prefixed_target(raw_target: str) -> tuple[str, str, str] | None:

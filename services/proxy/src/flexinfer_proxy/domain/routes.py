@@ -15,18 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Route
 from flexinfer_proxy.domain.errors import model_ambiguous, model_not_found
-
-
-class ModelKey(NamedTuple):
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 def key_of(route: Route) -> ModelKey:
@@ -176,6 +168,17 @@ class RouteTable:
         if namespaces:
             raise model_ambiguous(model, sorted(namespaces))
         raise model_not_found(model)
+
+    def aliases(self) -> list[tuple[str, Resolved]]:
+        """Every service label that is not also a model's name, with the model a request for it goes to now."""
+        found = []
+        for label in sorted(self._by_label):
+            if label in self._by_name:
+                continue  # a request for it goes to the model of that name
+            resolved = self._by_label_in(label, None)
+            if resolved is not None:
+                found.append((label, resolved))
+        return found
 
     def _by_label_in(self, label: str, namespace: str | None) -> Resolved | None:
         keys = self._by_label.get(label)

@@ -7,15 +7,16 @@ import asyncio
 import contextlib
 
 import asyncpg
+from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
-from flexinfer_scheduler.domain.model import ModelKey
 from flexinfer_scheduler.ports import Decoder, Handler, M, Stoppable
 
 log = get_logger("flexinfer.scheduler")
@@ -56,15 +57,21 @@ class NatsSchedulerBus:
         )
 
     async def create_route(self, route: Route) -> bool:
+        """False when the model has a route (the KV answers wrong last sequence); any other failure
+        (the bus down, a timeout, a refused write) is raised, for the caller to log."""
         try:
             await (await self._routes()).create(subjects.route_key(route.namespace, route.name), route.to_bytes())
-        except Exception as exc:  # nats.js.errors.KeyWrongLastSequenceError: the model has a route
+        except KeyWrongLastSequenceError as exc:
             log.debug("route exists", extra={"model": f"{route.namespace}/{route.name}", "error": repr(exc)})
             return False
         return True
 
     async def delete_route(self, key: ModelKey) -> None:
         await (await self._routes()).delete(subjects.route_key(key.namespace, key.name))
+
+
+#: The sequence each new leader takes its epoch from (migration 0005_bus_auth).
+LEADER_EPOCH_SEQUENCE = "scheduler_leader_epoch"
 
 
 class AdvisoryLock:
@@ -76,12 +83,18 @@ class AdvisoryLock:
         self.lock_id = lock_id
         self._conn: asyncpg.Connection | None = None
         self._held = False
+        self.epoch = 0
 
     async def try_acquire(self) -> bool:
         try:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self.url, timeout=5)
+            was_held = self._held
             self._held = bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_id))
+            if self._held and not was_held:
+                # Taken while holding the lock: no other replica can take one until this connection ends.
+                self.epoch = int(await self._conn.fetchval(f"SELECT nextval('{LEADER_EPOCH_SEQUENCE}')"))
+                log.info("took the leader lock", extra={"leader_epoch": self.epoch})
             return self._held
         except Exception as exc:
             log.warning("cannot reach Postgres for the leader lock", extra={"error": repr(exc)})
@@ -100,7 +113,7 @@ class AdvisoryLock:
         return True
 
     async def release(self) -> None:
-        conn, self._conn, self._held = self._conn, None, False
+        conn, self._conn, self._held, self.epoch = self._conn, None, False, 0
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.close()

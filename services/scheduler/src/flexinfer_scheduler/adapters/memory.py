@@ -19,20 +19,35 @@ from pydantic import BaseModel
 from flexinfer_common.bus import BadMessage, Delivery
 from flexinfer_common.db import GroupRow, ModelRow, SwapRow
 from flexinfer_common.enums import GroupPolicy
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import GPUGroup, Model
 from flexinfer_common.messages import Route, RuntimeSpec, encode
 from flexinfer_common.subjects import route_key
-from flexinfer_scheduler.adapters.store import (
+from flexinfer_scheduler.adapters.rows import (
     ACTIVE_SWAP_PHASES,
+    gpugroup_policy,
     group_snapshot,
     member_from_row,
     member_values,
+    row_parked,
     stored_status,
 )
-from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
-from flexinfer_scheduler.domain.model import Lease, Member, ModelKey
+from flexinfer_scheduler.adapters.weights import facts_of
+from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts, membership, place
+from flexinfer_scheduler.domain.model import Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
-from flexinfer_scheduler.ports import API_ORIGIN, Decoder, Handler, M, Origin, StoredStatus, World, changes_of
+from flexinfer_scheduler.ports import (
+    API_ORIGIN,
+    Decoder,
+    GroupChangeRefused,
+    Handler,
+    M,
+    MembershipChangeRefused,
+    Origin,
+    StoredStatus,
+    World,
+    changes_of,
+)
 
 _MODEL_DEFAULTS: dict[str, Any] = {
     "phase": "Pending",
@@ -62,16 +77,17 @@ class MemoryStore:
         self.swaps: dict[str, SwapRow] = {}
         self.leases: dict[str, Lease] = {}
         self.lease_error: Exception | None = None  # set to make lease reads fail
-        self._demand: dict[tuple[ModelKey, str], tuple[int, datetime]] = {}
+        self._demand: dict[tuple[ModelKey, str], tuple[int, datetime, datetime | None]] = {}
         self._in_flight: dict[tuple[ModelKey, str], tuple[int, datetime]] = {}
         self._seen: dict[str, datetime] = {}
         self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
+        self.command_generations: dict[ModelKey, int] = {}  # what outlives a deleted model's row
 
     def _spec(self, row: ModelRow) -> SpecFacts:
         key = ModelKey(row.namespace, row.name)
         cached = self._facts.get(key)
         if cached is None or cached[0] != row.spec_generation:
-            cached = self._facts[key] = (row.spec_generation, spec_facts(row.manifest))
+            cached = self._facts[key] = (row.spec_generation, facts_of(row.manifest))
         return cached[1]
 
     def _runtime(self, key: ModelKey) -> RuntimeSpec | None:
@@ -82,14 +98,15 @@ class MemoryStore:
     async def load_world(
         self,
         now: datetime,
-        demand_window: timedelta,
+        queued_ttl: timedelta,
         groups_only: set[str] | None = None,
         *,
         in_flight_ttl: timedelta = timedelta(seconds=5),
     ) -> tuple[World, bool]:
         queued: dict[ModelKey, int] = {}
-        for (key, _), (count, when) in self._demand.items():
-            if when >= now - demand_window:
+        for (key, _), (count, when, valid_until) in self._demand.items():
+            # as Store.load_world: a count stands until 0, or its message's validity (else the TTL) ends
+            if (when >= now - queued_ttl) if valid_until is None else valid_until >= now:
                 queued[key] = queued.get(key, 0) + count
         in_flight: dict[ModelKey, int] = {}
         for (key, _), (count, when) in self._in_flight.items():
@@ -158,9 +175,20 @@ class MemoryStore:
     async def model_keys(self) -> set[ModelKey]:
         return set(self.models)
 
+    async def model(self, namespace: str, name: str) -> ModelRow | None:
+        return self.models.get(ModelKey(namespace, name))
+
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(
-        self, *, namespace: str, name: str, source: str, queued: int, when: datetime, message_id: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        source: str,
+        queued: int,
+        when: datetime,
+        message_id: str,
+        valid_for: timedelta | None = None,
     ) -> str | None:
         if message_id in self._seen:
             return None
@@ -171,7 +199,7 @@ class MemoryStore:
         row.last_active_time = when if row.last_active_time is None else max(row.last_active_time, when)
         slot = (ModelKey(namespace, name), source)
         if slot not in self._demand or self._demand[slot][1] <= when:
-            self._demand[slot] = (queued, when)
+            self._demand[slot] = (queued, when, when + valid_for if valid_for is not None else None)
         return row.group_name
 
     async def record_runtime(
@@ -192,6 +220,20 @@ class MemoryStore:
         row.endpoint, row.runtime_message = endpoint, message
         return row.group_name
 
+    async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
+        row = self.models.get(ModelKey(namespace, name))
+        if (
+            row is None
+            or row.ready_since is None
+            or row.desired_action != "activate"
+            or row.command_generation != generation
+            or row.runtime_generation != generation
+            or row.runtime_phase != "Ready"
+        ):
+            return None
+        row.restarts = (row.restarts or 0) + 1
+        return row.restarts, row.group_name
+
     async def record_in_flight(self, *, source: str, counts: Mapping[ModelKey, int], when: datetime) -> set[str]:
         dropped = set()
         for slot in [s for s in self._in_flight if s[1] == source and s[0] not in counts]:
@@ -211,32 +253,43 @@ class MemoryStore:
         return len(rows)
 
     async def prune(self, now: datetime, keep: timedelta) -> None:
-        for table in (self._demand, self._in_flight):
-            for slot in [s for s, (_, when) in table.items() if when < now - keep]:
-                del table[slot]
+        for slot in [s for s, (_, when, until) in self._demand.items() if when < now - keep and (until or now) <= now]:
+            del self._demand[slot]
+        for slot in [s for s, (_, when) in self._in_flight.items() if when < now - keep]:
+            del self._in_flight[slot]
         for message_id in [m for m, when in self._seen.items() if when < now - keep]:
             del self._seen[message_id]
 
     # ---- manifests (the spec inbox, and tests) -----------------------------------------------------------
     async def put_model(self, model: Model, now: datetime, origin: Origin = API_ORIGIN) -> tuple[ModelRow, bool]:
-        manifest = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        manifest = model.model_dump(
+            mode="json", by_alias=True, exclude_none=True, exclude={"status": True, "metadata": {"deletion_timestamp"}}
+        )
         manifest["metadata"]["namespace"] = model.namespace
         key = ModelKey(model.namespace, model.name)
         row = self.models.get(key)
         created = row is None
         if row is None:
             row = self.models[key] = _blank_model(key.namespace, key.name, manifest, now)
+            row.command_generation = self.command_generations.get(key, 0)
         elif origin.is_older_than(row.source_observed_at):
             return row, False
-        elif row.manifest != manifest:
-            row.manifest, row.spec_generation = manifest, row.spec_generation + 1
+        else:
+            gpu = model.spec.gpu
+            group, _ = membership(key, gpu.shared, gpu.priority, self._listed())
+            moving_to = place(current=row.group_name, desired=group, parked=row_parked(row)).moving_to
+            if moving_to not in (None, row.moving_to) and origin.answers_refusals:
+                raise GroupChangeRefused(key, row.group_name, group)
+            if row.manifest != manifest:
+                row.manifest, row.spec_generation = manifest, row.spec_generation + 1
+        row.deleting_at = None
         row.source, row.source_observed_at, row.observed_generation = (
             origin.source,
             origin.observed_at,
             origin.generation,
         )
         row.updated_at = now
-        self._assign(row, self._listed())
+        self._assign(row, self._listed(), created=created)
         return row, created
 
     async def delete_model(self, namespace: str, name: str, origin: Origin = API_ORIGIN) -> ModelRow | None:
@@ -244,37 +297,99 @@ class MemoryStore:
         row = self.models.get(key)
         if row is None or not origin.may_delete(row.source, row.source_observed_at):
             return None
+        self._delete(row)
+        return row
+
+    def _delete(self, row: ModelRow) -> None:
+        key = ModelKey(row.namespace, row.name)
         del self.models[key]
+        self.command_generations[key] = max(self.command_generations.get(key, 0), row.command_generation)
         for table in (self._demand, self._in_flight):
             for slot in [s for s in table if s[0] == key]:
                 del table[slot]
+        group = self.groups.get(row.group_name or "")
+        if (
+            group is not None
+            and group.policy == GroupPolicy.V1ALPHA2.value
+            and group.manifest is None  # a GPUGroup declares it: kept for the models to come
+            and not any(r.group_name == group.name for r in self.models.values())
+        ):
+            del self.groups[group.name]
+
+    async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
+        """As the admin API's promote call (``Store.set_promoted``)."""
+        row = self.models.get(ModelKey(namespace, name))
+        if row is None:
+            return None
+        row.promoted_at, row.idle_parked_at, row.failed_at = now, None, None
         return row
+
+    async def set_parked(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
+        """As the status page's Park (``Store.set_parked``): parked as its idle timeout would."""
+        row = self.models.get(ModelKey(namespace, name))
+        if row is None:
+            return None
+        row.idle_parked_at, row.promoted_at = now, None
+        return row
+
+    async def request_deletion(
+        self, namespace: str, name: str, now: datetime, origin: Origin = API_ORIGIN
+    ) -> tuple[ModelRow, bool] | None:
+        row = self.models.get(ModelKey(namespace, name))
+        if row is None or not origin.may_delete(row.source, row.source_observed_at):
+            return None
+        if row_parked(row):
+            self._delete(row)
+            return row, True
+        if row.deleting_at is None:
+            row.deleting_at = row.updated_at = now
+        return row, False
+
+    async def finish_deletions(self, keys: Sequence[ModelKey]) -> list[ModelRow]:
+        rows = [r for k in keys if (r := self.models.get(k)) is not None and r.deleting_at is not None]
+        rows = [r for r in rows if row_parked(r)]
+        for row in rows:
+            self._delete(row)
+        return rows
 
     async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = API_ORIGIN) -> bool:
         existing = self.groups.get(group.name)
         if existing is not None and origin.is_older_than(existing.source_observed_at):
             return False
+        manifest = group.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        listing = GroupRow(name=group.name, policy=gpugroup_policy(group).value, manifest=manifest)
+        action = "changed" if existing is not None and existing.policy == GroupPolicy.V1ALPHA1.value else "created"
+        self._recompute({**self.groups, group.name: listing}, origin, group.name, action)  # (may refuse: unchanged)
         row = existing or GroupRow(name=group.name)
         if existing is None:
             row.active_namespace = row.active_name = row.leader_since = row.current_swap_id = None
-        row.policy = GroupPolicy.V1ALPHA1.value
-        row.manifest = group.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+        row.policy = gpugroup_policy(group).value
+        row.manifest = manifest
         row.source, row.source_observed_at = origin.source, origin.observed_at
         row.namespace = group.metadata.namespace or None
         row.updated_at = now
         self.groups[group.name] = row
-        self._recompute()
         return existing is None
 
     async def delete_group(self, name: str, origin: Origin = API_ORIGIN) -> bool:
         row = self.groups.get(name)
-        if row is None or row.policy != GroupPolicy.V1ALPHA1.value:
+        if row is None or row.manifest is None:
             return False
         if not origin.may_delete(row.source, row.source_observed_at):
             return False
-        del self.groups[name]
-        self._recompute()
+        if row.policy == GroupPolicy.V1ALPHA1.value:
+            self._remove_groups([name], origin)
+        else:
+            self._forget_gpugroup(row)  # a declaration: the group and its models stay, the setting decides again
         return True
+
+    def _forget_gpugroup(self, row: GroupRow) -> None:
+        """As the SQL store's: a v1alpha1 group goes; a v1alpha2 group keeps its row and loses the declaration."""
+        if row.policy == GroupPolicy.V1ALPHA1.value:
+            del self.groups[row.name]
+        else:
+            row.manifest = row.namespace = row.source_observed_at = None
+            row.source = API_ORIGIN.source
 
     async def resync_models(
         self, *, source: str, namespaces: list[str] | None, present: set[ModelKey], listed_at: datetime
@@ -287,9 +402,13 @@ class MemoryStore:
             and key not in present
             and (row.source_observed_at is None or row.source_observed_at < listed_at)
         ]
+        gone_now = [row for row in gone if row_parked(row)]
         for row in gone:
-            await self.delete_model(row.namespace, row.name)
-        return gone
+            if row in gone_now:
+                self._delete(row)
+            elif row.deleting_at is None:
+                row.deleting_at = listed_at
+        return gone_now
 
     async def resync_groups(
         self, *, source: str, namespaces: list[str] | None, present: set[str], listed_at: datetime
@@ -298,40 +417,80 @@ class MemoryStore:
             name
             for name, row in self.groups.items()
             if row.source == source
-            and row.policy == GroupPolicy.V1ALPHA1.value
+            and row.manifest is not None
             and (namespaces is None or row.namespace in namespaces)
             and name not in present
             and (row.source_observed_at is None or row.source_observed_at < listed_at)
         ]
-        for name in gone:
-            del self.groups[name]
-        if gone:
-            self._recompute()
+        for name in [n for n in gone if self.groups[n].policy != GroupPolicy.V1ALPHA1.value]:
+            self._forget_gpugroup(self.groups[name])  # a declaration: its group stays
+        gone_v1 = [n for n in gone if n in self.groups and self.groups[n].policy == GroupPolicy.V1ALPHA1.value]
+        if gone_v1:
+            self._remove_groups(gone_v1, Origin(source, listed_at))
         return gone
 
-    def _listed(self) -> dict[ModelKey, tuple[str, int]]:
+    def _listed(self, groups: Mapping[str, GroupRow] | None = None) -> dict[ModelKey, tuple[str, int]]:
         listed: dict[ModelKey, tuple[str, int]] = {}
-        for g in self.groups.values():
+        for g in (self.groups if groups is None else groups).values():
             if g.policy == GroupPolicy.V1ALPHA1.value and g.manifest:
                 group = GPUGroup.model_validate(g.manifest)
                 home = group.metadata.namespace or "default"
-                for m in group.spec.models:
+                for m in group.members:
                     listed[ModelKey(m.namespace or home, m.name)] = (g.name, m.priority)
         return listed
 
-    def _assign(self, row: ModelRow, listed: dict[ModelKey, tuple[str, int]]) -> None:
-        key = ModelKey(row.namespace, row.name)
-        spec = self._spec(row).model.spec
-        group, priority = spec.gpu.shared, spec.gpu.priority
-        if group is None and key in listed:
-            group, priority = listed[key]
-        row.group_name = group or solo_group(key)
-        row.priority = priority
+    def _assign(self, row: ModelRow, listed: dict[ModelKey, tuple[str, int]], *, created: bool = False) -> None:
+        gpu = self._spec(row).model.spec.gpu
+        group, row.priority = membership(ModelKey(row.namespace, row.name), gpu.shared, gpu.priority, listed)
+        placement = place(current=None if created else row.group_name, desired=group, parked=row_parked(row))
+        row.group_name, row.moving_to = placement
 
-    def _recompute(self) -> None:
-        listed = self._listed()
+    def _remove_groups(self, names: Sequence[str], origin: Origin) -> None:
+        """As ``Store``: a group that keeps a model moving out of it stays, as a v1alpha2 group without a
+        manifest, until the model is parked and has moved."""
+        self._recompute({n: g for n, g in self.groups.items() if n not in names}, origin, ", ".join(names), "deleted")
+        for name in names:
+            if any(r.group_name == name for r in self.models.values()):
+                row = self.groups[name]
+                row.policy, row.manifest, row.source, row.source_observed_at = (
+                    GroupPolicy.V1ALPHA2.value,
+                    None,
+                    API_ORIGIN.source,
+                    None,
+                )
+            else:
+                del self.groups[name]
+
+    def _recompute(self, groups: Mapping[str, GroupRow], origin: Origin, gpugroup: str, action: str) -> None:
+        """As ``Store._recompute_membership``, with the GPUGroups as they will be (``groups``): refused for the
+        admin API (nothing changed) when a model that may hold its group's GPU would move; otherwise every model's
+        group and priority again, a loaded one moving once parked."""
+        listed = self._listed(groups)
+        moves = []
+        for key, row in sorted(self.models.items()):
+            gpu = self._spec(row).model.spec.gpu
+            group, _ = membership(key, gpu.shared, gpu.priority, listed)
+            moving_to = place(current=row.group_name, desired=group, parked=row_parked(row)).moving_to
+            if moving_to not in (None, row.moving_to):
+                moves.append(GroupMove(key, row.group_name or "", moving_to))
+        if moves and origin.answers_refusals:
+            raise MembershipChangeRefused(gpugroup, action, moves)
         for row in self.models.values():
             self._assign(row, listed)
+
+    async def finish_moves(self, keys: Sequence[ModelKey]) -> list[GroupMove]:
+        moves = []
+        for key in keys:
+            row = self.models.get(key)
+            if row is not None and row.moving_to is not None and row_parked(row):
+                moves.append(GroupMove(key, row.group_name or "", row.moving_to))
+                row.group_name, row.moving_to = row.moving_to, None
+        for old in {m.old for m in moves}:
+            group = self.groups.get(old)
+            in_use = any(r.group_name == old for r in self.models.values())
+            if group is not None and group.policy == GroupPolicy.V1ALPHA2.value and not in_use:
+                del self.groups[old]
+        return moves
 
 
 class _Subscription:
@@ -353,6 +512,7 @@ class MemoryBus:
         self.routes: dict[ModelKey, Route] = {}
         self.subscriptions: list[_Subscription] = []
         self.fail_publish: Exception | None = None
+        self.fail_delete_route: Exception | None = None  # set to make route deletions fail
         self._ids: set[str] = set()
         self._sequence = 0
 
@@ -413,6 +573,8 @@ class MemoryBus:
         return True
 
     async def delete_route(self, key: ModelKey) -> None:
+        if self.fail_delete_route is not None:
+            raise self.fail_delete_route
         self.routes.pop(key, None)
 
     def route_keys(self) -> list[str]:
@@ -427,6 +589,7 @@ class MemoryLocks:
 
     def __init__(self) -> None:
         self.holder: object | None = None
+        self.epochs = 0  # the last epoch taken (the database sequence)
 
     def lock(self) -> MemoryLeaderLock:
         return MemoryLeaderLock(self)
@@ -438,10 +601,13 @@ class MemoryLeaderLock:
 
     def __init__(self, table: MemoryLocks | None = None) -> None:
         self.table = table or MemoryLocks()
+        self.epoch = 0
 
     async def try_acquire(self) -> bool:
         if self.table.holder is None:
             self.table.holder = self
+            self.table.epochs += 1
+            self.epoch = self.table.epochs
         await asyncio.sleep(0)
         return self.table.holder is self
 
@@ -451,6 +617,7 @@ class MemoryLeaderLock:
     async def release(self) -> None:
         if self.table.holder is self:
             self.table.holder = None
+        self.epoch = 0
 
     def lose(self) -> None:
         if self.table.holder is self:

@@ -5,10 +5,9 @@ record demand and actuator reports, and keep the admin API's manifests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -18,16 +17,17 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    case,
     delete,
     exists,
     func,
+    or_,
     select,
     text,
     tuple_,
     union,
     update,
 )
-from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Dialect
@@ -45,99 +45,64 @@ from flexinfer_common.db import (
     ProcessedMessageRow,
     SwapRow,
 )
-from flexinfer_common.enums import GroupPolicy, ScaleAction, SwapPhase, SwapReason
-from flexinfer_common.manifests import GPUGroup, Model
+from flexinfer_common.enums import ScaleAction
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import RuntimeSpec
-from flexinfer_scheduler.domain.manifests import SpecFacts, solo_group, spec_facts
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, ModelKey, Swap, V1Alpha1Policy
+from flexinfer_scheduler.adapters.manifest_store import ManifestStore
+from flexinfer_scheduler.adapters.rows import (
+    ACTIVE_SWAP_PHASES,
+    GROUP_COLUMNS,
+    GROUP_WRITE,
+    MEMBER_COLUMNS,
+    MEMBER_GENERATION,
+    MEMBER_GROUP,
+    MEMBER_NAME,
+    MEMBER_NAMESPACE,
+    SWAP_COLUMNS,
+    SWAP_WRITE,
+    autocommit,
+    cast_text,
+    group_snapshot,
+    member_from_row,
+    stored_status,
+)
+from flexinfer_scheduler.adapters.weights import facts_of
+from flexinfer_scheduler.domain.manifests import SpecFacts
+from flexinfer_scheduler.domain.model import Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
-from flexinfer_scheduler.ports import API_ORIGIN, Origin, StoredStatus, World, changes_of
-
-ACTIVE_SWAP_PHASES = (SwapPhase.DRAINING.value, SwapPhase.PARKING.value, SwapPhase.LOADING.value)
-
-# The columns of a group and of its running swap a pass reads, as Core rows (the ORM's objects cost 2 ms per
-# 25-group reconcile slice); no name is in both, so one row serves as either.
-_GROUP_COLUMNS = (
-    GroupRow.name,
-    GroupRow.policy,
-    GroupRow.manifest,
-    GroupRow.active_namespace,
-    GroupRow.active_name,
-    GroupRow.leader_since,
-)
-_SWAP_COLUMNS = (
-    SwapRow.id,
-    SwapRow.from_namespace,
-    SwapRow.from_name,
-    SwapRow.to_namespace,
-    SwapRow.to_name,
-    SwapRow.reason,
-    SwapRow.phase,
-    SwapRow.started_at,
-    SwapRow.phase_started_at,
-    SwapRow.phases,
+from flexinfer_scheduler.ports import (
+    StoredStatus,
+    World,
+    changes_of,
 )
 
-# The ``models`` columns a pass reads, in the order of its rows (then the model's queued and in-flight sums): not
-# the manifest, nor bookkeeping such as ``updated_at``, which every write changes (a row read with it never equals
-# the one cached, and its member would be built again for nothing). Rows are read by position: reading 22 columns
-# of 10,000 rows by name took 0.1 s of a first pass.
-MEMBER_COLUMNS = (
-    "namespace",
-    "name",
-    "group_name",
-    "spec_generation",
-    # the status as stored
-    "phase",
-    "shared_state",
-    "queue_position",
-    "preempted_by",
-    "message",
-    # the member's own
-    "priority",
-    "last_active_time",
-    "preempted_at",
-    "promoted_at",
-    "runtime_phase",
-    "runtime_generation",
-    "runtime_message",
-    "last_failure",
-    "endpoint",
-    "desired_action",
-    "command_generation",
-    "command_issued_at",
-    "ready_since",
-    "idle_parked_at",
-    "failed_at",
-    "demand_since",
-    "observed_generation",
-)
-_NAMESPACE, _NAME, _GROUP, _GENERATION = range(4)
-_STATUS = slice(4, 9)
 
-
-def _recent_sum(table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, *, since: str) -> Any:
-    """The sum of ``amount`` over the model's rows of ``table`` (one per source) reported since the parameter
-    ``since``."""
+def _recent_sum(table: type[DemandSignalRow] | type[InFlightRow], amount: Any, models: Table, standing: Any) -> Any:
+    """The sum of ``amount`` over the model's rows of ``table`` (one per source) for which ``standing`` holds."""
     return (
         select(func.coalesce(func.sum(amount), 0))
-        .where(
-            table.namespace == models.c.namespace,
-            table.name == models.c.name,
-            table.time >= bindparam(since, type_=DateTime(timezone=True)),
-        )
+        .where(table.namespace == models.c.namespace, table.name == models.c.name, standing)
         .scalar_subquery()
     )
+
+
+def _since(name: str) -> Any:
+    return bindparam(name, type_=DateTime(timezone=True))
 
 
 @functools.cache
 def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
     """load_world's queries, built once (building them anew was a millisecond of every pass): the models with
-    their demand and in-flight sums (parameters ``demand_since``, ``in_flight_since``), and the groups with their
+    their queued and in-flight sums (parameters ``queued_since``, ``in_flight_since``), and the groups with their
     running swap; ``by_name``: only the groups of the parameter ``names``."""
     models = cast(Table, ModelRow.__table__)
-    queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, since="demand_since")
-    in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, since="in_flight_since")
+    # a count stands until its message's own validity ends, or (a message without one) the scheduler's TTL
+    queued_stands = case(
+        (DemandSignalRow.valid_until.is_(None), DemandSignalRow.time >= _since("queued_since")),
+        else_=DemandSignalRow.valid_until >= _since("now"),
+    )
+    queued = _recent_sum(DemandSignalRow, DemandSignalRow.queued, models, queued_stands)
+    in_flight = _recent_sum(InFlightRow, InFlightRow.count, models, InFlightRow.time >= _since("in_flight_since"))
     model_query = select(
         *(models.c[name] for name in MEMBER_COLUMNS),
         queued.label("queued_sum"),
@@ -146,7 +111,7 @@ def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
     # The running swap by the group's own pointer (a primary-key lookup), not by scanning the swaps' history for
     # an active phase: the history grows with every swap, and on fresh statistics the planner joined it in a
     # nested loop (1,000 rows per group, 5 ms of every 25-group slice of the reconcile at 1,000 groups).
-    group_query = select(*_GROUP_COLUMNS, *_SWAP_COLUMNS).outerjoin_from(
+    group_query = select(*GROUP_COLUMNS, *SWAP_COLUMNS).outerjoin_from(
         GroupRow, SwapRow, (SwapRow.id == GroupRow.current_swap_id) & SwapRow.phase.in_(ACTIVE_SWAP_PHASES)
     )
     if by_name:
@@ -160,164 +125,6 @@ _ALL_GROUPS = union(
 ).subquery()
 _GROUP_NAMES = select(func.array_agg(_ALL_GROUPS.c.name))
 _MODEL_KEYS = select(func.array_agg(ModelRow.namespace.concat("/").concat(ModelRow.name)))
-
-
-def cast_text(column: Any) -> Any:
-    return sql_cast(column, Text)
-
-
-def _key(row: ModelRow) -> ModelKey:
-    return ModelKey(row.namespace, row.name)
-
-
-def member_values(row: ModelRow, queued: int, in_flight: int) -> tuple[Any, ...]:
-    """An ORM row as ``load_world`` reads it: its :data:`MEMBER_COLUMNS`, then queued and in flight."""
-    return (*(getattr(row, name) for name in MEMBER_COLUMNS), queued, in_flight)
-
-
-def stored_status(values: Sequence[Any]) -> StoredStatus:
-    """The status columns of a row as ``load_world`` reads it."""
-    return StoredStatus(*values[_STATUS])
-
-
-def member_from_row(values: Sequence[Any], facts: SpecFacts) -> Member:
-    """A member from a row as ``load_world`` reads it (:data:`MEMBER_COLUMNS`, then queued and in flight)."""
-    (
-        namespace,
-        name,
-        _group,
-        _generation,
-        _phase,
-        _state,
-        _position,
-        preempted_by,
-        _message,
-        priority,
-        last_active_time,
-        preempted_at,
-        promoted_at,
-        runtime_phase,
-        runtime_generation,
-        runtime_message,
-        last_failure,
-        endpoint,
-        desired_action,
-        command_generation,
-        command_issued_at,
-        ready_since,
-        idle_parked_at,
-        failed_at,
-        demand_since,
-        observed_generation,
-        queued,
-        in_flight,
-    ) = values
-    return Member.of(
-        {
-            "key": ModelKey(namespace, name),
-            "priority": priority,
-            "last_active_time": last_active_time,
-            "preempted_at": preempted_at,
-            "preempted_by": preempted_by,
-            "swap_cooldown": facts.swap_cooldown,
-            "idle_timeout": facts.idle_timeout,
-            "force_promotion": facts.force_promotion,
-            "promoted_at": promoted_at,
-            "runtime": runtime_phase,
-            "runtime_generation": runtime_generation,
-            "runtime_message": runtime_message,
-            "last_failure": last_failure,
-            "endpoint": endpoint,
-            "desired_action": _ACTIONS[desired_action] if desired_action else None,
-            "command_generation": command_generation,
-            "command_issued_at": command_issued_at,
-            "ready_since": ready_since,
-            "idle_parked_at": idle_parked_at,
-            "failed_at": failed_at,
-            "demand_since": demand_since,
-            "queued": int(queued),
-            "in_flight": int(in_flight),
-            "max_wait": facts.max_wait,
-            "service_labels": facts.service_labels,
-            "observed_generation": observed_generation,
-        }
-    )
-
-
-_ACTIONS = {action.value: action for action in ScaleAction}
-
-
-def swap_from_row(row: Any) -> Swap:
-    """A swap from a ``swaps`` row (an ORM row, or a Core row with its columns)."""
-    return Swap(
-        id=row.id,
-        from_model=ModelKey(row.from_namespace, row.from_name) if row.from_name and row.from_namespace else None,
-        to_model=ModelKey(row.to_namespace, row.to_name) if row.to_name and row.to_namespace else None,
-        reason=SwapReason(row.reason),
-        phase=SwapPhase(row.phase),
-        started_at=row.started_at,
-        phase_started_at=row.phase_started_at,
-        phases=dict(row.phases or {}),
-    )
-
-
-def group_snapshot(name: str, members: list[Member], group: Any, swap: Any, lease: Lease | None) -> GroupSnapshot:
-    """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet):
-    ``group`` and ``swap`` are ORM rows or Core rows with their columns, or None."""
-    policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
-    return GroupSnapshot(
-        name=name,
-        members=tuple(members),
-        policy=policy,
-        v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
-        active=ModelKey(group.active_namespace, group.active_name)
-        if group and group.active_name and group.active_namespace
-        else None,
-        leader_since=group.leader_since if group else None,
-        swap=swap_from_row(swap) if swap else None,
-        lease=lease,
-    )
-
-
-def v1alpha1_policy(manifest: dict[str, Any] | None) -> V1Alpha1Policy | None:
-    if not manifest:
-        return None
-    policy = GPUGroup.model_validate(manifest).spec.policy
-    return V1Alpha1Policy(
-        hysteresis_window=timedelta(seconds=policy.hysteresis_window_seconds),
-        request_queue_threshold=policy.request_queue_threshold,
-        minimum_run_duration=timedelta(seconds=policy.minimum_run_duration_seconds),
-        cooldown_after_preemption=timedelta(seconds=policy.cooldown_after_preemption_seconds),
-        drain_timeout=timedelta(seconds=policy.drain_timeout_seconds),
-        idle_timeout=timedelta(seconds=policy.idle_timeout_seconds),
-    )
-
-
-@contextlib.asynccontextmanager
-async def _autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncConnection]:
-    """A connection whose statements each commit on their own (no BEGIN, COMMIT or ROLLBACK round trips), used
-    through Core (a session's ORM execution path costs more than these plain statements take): for a
-    read (in READ COMMITTED each statement sees its own snapshot anyway) or a write that is one statement."""
-    async with sessions() as session:
-        yield await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-
-
-_GROUP_WRITE = ("name", "active_namespace", "active_name", "leader_since", "current_swap_id", "updated_at")
-_SWAP_WRITE = (
-    "id",
-    "group_name",
-    "from_namespace",
-    "from_name",
-    "to_namespace",
-    "to_name",
-    "reason",
-    "phase",
-    "started_at",
-    "phase_started_at",
-    "phases",
-    "finished_at",
-    "message",
-)
 
 
 def _arrays(table: Table, prefix: str, columns: Sequence[str], names: Sequence[str] | None = None) -> str:
@@ -342,18 +149,18 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
     parts = []
     if groups:
         table = cast(Table, GroupRow.__table__)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _GROUP_WRITE if c != "name")
+        updates = ", ".join(f"{c} = excluded.{c}" for c in GROUP_WRITE if c != "name")
         parts.append(
-            f"g AS (INSERT INTO groups ({', '.join(_GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', _GROUP_WRITE)} "
+            f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', GROUP_WRITE)} "
             f"ON CONFLICT (name) DO UPDATE SET {updates})"
         )
     if swaps:
         table = cast(Table, SwapRow.__table__)
-        selected = ", ".join("CAST(v.phases AS JSONB)" if c == "phases" else f"v.{c}" for c in _SWAP_WRITE)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _SWAP_WRITE if c != "id")
+        selected = ", ".join("CAST(v.phases AS JSONB)" if c == "phases" else f"v.{c}" for c in SWAP_WRITE)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in SWAP_WRITE if c != "id")
         parts.append(
-            f"s AS (INSERT INTO swaps ({', '.join(_SWAP_WRITE)}) SELECT {selected} FROM "
-            f"{_arrays(table, 's_', _SWAP_WRITE)} ON CONFLICT (id) DO UPDATE SET {updates})"
+            f"s AS (INSERT INTO swaps ({', '.join(SWAP_WRITE)}) SELECT {selected} FROM "
+            f"{_arrays(table, 's_', SWAP_WRITE)} ON CONFLICT (id) DO UPDATE SET {updates})"
         )
     table = cast(Table, ModelRow.__table__)
     for index, shape in enumerate(shapes):
@@ -390,18 +197,23 @@ def _record_demand_statement() -> Select[tuple[str | None]]:
         .cte("touched")
     )
     signal = insert(DemandSignalRow).from_select(
-        ["namespace", "name", "source", "queued", "time"],
+        ["namespace", "name", "source", "queued", "time", "valid_until"],
         select(
             touched.c.namespace,
             touched.c.name,
             bindparam("p_source", type_=Text),
             bindparam("p_queued", type_=Integer),
             when,
+            bindparam("p_valid_until", type_=DateTime(timezone=True)),
         ),
     )
     upsert = signal.on_conflict_do_update(
         index_elements=[DemandSignalRow.namespace, DemandSignalRow.name, DemandSignalRow.source],
-        set_={"queued": signal.excluded.queued, "time": signal.excluded.time},
+        set_={
+            "queued": signal.excluded.queued,
+            "time": signal.excluded.time,
+            "valid_until": signal.excluded.valid_until,
+        },
         where=DemandSignalRow.time <= signal.excluded.time,
     ).cte("signal")
     return select(touched.c.group_name).add_cte(upsert)
@@ -430,7 +242,10 @@ def _record_runtime_statement() -> ReturningUpdate[tuple[str | None]]:
     )
 
 
-class Store:
+class Store(ManifestStore):
+    """The PostgreSQL store: the hot path here (a pass's load and write, the bus inputs), the manifests in
+    :class:`ManifestStore`."""
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
         self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
@@ -446,6 +261,15 @@ class Store:
             raise LookupError(f"spec of {key} generation {generation} not loaded")
         return cached[1]
 
+    def facts(self, row: ModelRow) -> SpecFacts:
+        """``ports.AdminStore.facts``: from the cache ``load_world`` fills (parsed and cached here on a replica that
+        does not elect)."""
+        key, generation = ModelKey(row.namespace, row.name), row.spec_generation
+        cached = self._facts.get(key)
+        if cached is None or cached[0] != generation:
+            cached = self._facts[key] = (generation, facts_of(row.manifest))
+        return cached[1]
+
     def runtime(self, key: ModelKey) -> RuntimeSpec | None:
         """What the actuator needs to run a model loaded by ``load_world`` (None: not loaded). Raises pydantic's
         ValidationError when the stored manifest no longer parses."""
@@ -458,7 +282,9 @@ class Store:
         directly; many at once (a first pass) in one query over the same groups, a few by key."""
         facts = self._facts
         stale = [
-            r for r in rows if (f := facts.get(ModelKey(r[_NAMESPACE], r[_NAME]))) is None or f[0] != r[_GENERATION]
+            r
+            for r in rows
+            if (f := facts.get(ModelKey(r[MEMBER_NAMESPACE], r[MEMBER_NAME]))) is None or f[0] != r[MEMBER_GENERATION]
         ]
         if not stale:
             return
@@ -470,20 +296,22 @@ class Store:
         else:
             queries.append(
                 select(*columns).where(
-                    tuple_(ModelRow.namespace, ModelRow.name).in_([(r[_NAMESPACE], r[_NAME]) for r in stale])
+                    tuple_(ModelRow.namespace, ModelRow.name).in_(
+                        [(r[MEMBER_NAMESPACE], r[MEMBER_NAME]) for r in stale]
+                    )
                 )
             )
-        wanted = {(r[_NAMESPACE], r[_NAME]): r[_GENERATION] for r in stale}
+        wanted = {(r[MEMBER_NAMESPACE], r[MEMBER_NAME]): r[MEMBER_GENERATION] for r in stale}
         for query in queries:
             for namespace, name, generation, manifest in await session.execute(query):
                 if wanted.get((namespace, name)) == generation:
-                    self._facts[ModelKey(namespace, name)] = (generation, spec_facts(manifest))
+                    self._facts[ModelKey(namespace, name)] = (generation, facts_of(manifest))
 
     # ---- the election's snapshot -------------------------------------------------------------------------
     async def load_world(
         self,
         now: datetime,
-        demand_window: timedelta,
+        queued_ttl: timedelta,
         groups_only: set[str] | None = None,
         *,
         in_flight_ttl: timedelta = timedelta(seconds=5),
@@ -491,10 +319,18 @@ class Store:
         """Load every group, or only ``groups_only`` (an event touched them). Returns (world, leases_ok): a
         lease read error fails open (no leases).
 
+        A member's ``queued`` is the sum of its sources' latest counts reported within ``queued_ttl`` (a source's
+        count stands until it reports 0, or misses a few demand refreshes and is presumed gone: not the demand
+        window, which governs only ``lastActiveTime``).
+
         Plain column queries, not ORM objects: building 10,000 ORM rows was most of a full pass.
         """
         model_query, group_query = _world_queries(groups_only is not None)
-        model_params: dict[str, Any] = {"demand_since": now - demand_window, "in_flight_since": now - in_flight_ttl}
+        model_params: dict[str, Any] = {
+            "queued_since": now - queued_ttl,
+            "now": now,
+            "in_flight_since": now - in_flight_ttl,
+        }
         group_params: dict[str, Any] = {}
         if groups_only is not None:
             model_params["names"] = group_params["names"] = sorted(groups_only)
@@ -502,18 +338,18 @@ class Store:
         # The three reads at once, each on a connection of its own: a pass waits for one round trip instead of
         # three (each statement sees its own snapshot either way, as in READ COMMITTED).
         async def read_models() -> list[Any]:
-            async with _autocommit(self.sessions) as session:
+            async with autocommit(self.sessions) as session:
                 rows = list((await session.execute(model_query, model_params)).all())
                 await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
                 return rows
 
         async def read_groups() -> list[Any]:
-            async with _autocommit(self.sessions) as session:
+            async with autocommit(self.sessions) as session:
                 return list((await session.execute(group_query, group_params)).all())
 
         async def read_leases() -> dict[str, Lease] | None:
             try:
-                async with _autocommit(self.sessions) as session:
+                async with autocommit(self.sessions) as session:
                     return await self._leases(session, now)
             except Exception:
                 return None  # fail open: no leases
@@ -534,16 +370,16 @@ class Store:
         statuses: dict[ModelKey, StoredStatus] = {}
         cache = self._members
         for row in rows:
-            key = ModelKey(row[_NAMESPACE], row[_NAME])
+            key = ModelKey(row[MEMBER_NAMESPACE], row[MEMBER_NAME])
             cached = cache.get(key)
             if cached is not None and cached[0] == row:
                 status, member = cached[1], cached[2]  # unchanged since the last pass: the same objects
             else:
                 status = stored_status(row)
-                member = member_from_row(row, self.spec_facts(key, row[_GENERATION]))
+                member = member_from_row(row, self.spec_facts(key, row[MEMBER_GENERATION]))
                 cache[key] = (row, status, member)
             statuses[key] = status
-            if group := row[_GROUP]:
+            if group := row[MEMBER_GROUP]:
                 by_group.setdefault(group, []).append(member)
         if groups_only is None and len(cache) > len(rows):
             for key in set(cache) - set(statuses):  # deleted models
@@ -562,12 +398,12 @@ class Store:
     # end of every reconcile, and a demand that arrived then waited for them.)
 
     async def group_names(self) -> list[str]:
-        async with _autocommit(self.sessions) as conn:
+        async with autocommit(self.sessions) as conn:
             names: list[str] | None = await conn.scalar(_GROUP_NAMES)
         return sorted(names or [])
 
     async def model_keys(self) -> set[ModelKey]:
-        async with _autocommit(self.sessions) as conn:
+        async with autocommit(self.sessions) as conn:
             keys: list[str] | None = await conn.scalar(_MODEL_KEYS)
         # (a namespace never holds a "/")
         return {ModelKey(*key.split("/", 1)) for key in keys or []}
@@ -632,11 +468,11 @@ class Store:
             return
         params: dict[str, list[Any]] = {}
         if group_values:
-            params.update((f"g_{c}", [v[c] for v in group_values]) for c in _GROUP_WRITE)
+            params.update((f"g_{c}", [v[c] for v in group_values]) for c in GROUP_WRITE)
         if swap_values:
             for value in swap_values:
                 value["phases"] = json.dumps(value["phases"])
-            params.update((f"s_{c}", [v[c] for v in swap_values]) for c in _SWAP_WRITE)
+            params.update((f"s_{c}", [v[c] for v in swap_values]) for c in SWAP_WRITE)
         shapes = []
         for index, (columns, rows) in enumerate(sorted(model_values.items())):  # the same shapes, the same SQL
             shape = tuple(c for c in columns if not c.startswith("b_"))
@@ -644,20 +480,29 @@ class Store:
             params[f"m{index}_namespace"] = [r["b_namespace"] for r in rows]
             params[f"m{index}_name"] = [r["b_name"] for r in rows]
             params.update((f"m{index}_{c}", [r[c] for r in rows]) for c in shape)
-        async with _autocommit(self.sessions) as session:  # one statement
+        async with autocommit(self.sessions) as session:  # one statement
             await session.execute(_apply_statement(bool(group_values), bool(swap_values), tuple(shapes)), params)
         self._known_groups.update(v["name"] for v in group_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(
-        self, *, namespace: str, name: str, source: str, queued: int, when: datetime, message_id: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        source: str,
+        queued: int,
+        when: datetime,
+        message_id: str,
+        valid_for: timedelta | None = None,
     ) -> str | None:
-        """Refresh lastActiveTime (never backwards) and this source's queued count. Returns the model's group,
-        or None when the model is unknown or the message was seen already.
+        """Refresh lastActiveTime (never backwards) and this source's queued count, which stands for ``valid_for``
+        (None: the TTL load_world is given). Returns the model's group, or None when the model is unknown or the
+        message was seen already.
 
         One statement (the message id, the model and the signal as data-modifying CTEs): it is on the way from
         every demand to its command, where each round trip to Postgres counts."""
-        async with _autocommit(self.sessions) as conn:
+        async with autocommit(self.sessions) as conn:
             group: str | None = await conn.scalar(
                 _record_demand_statement(),
                 {
@@ -667,6 +512,7 @@ class Store:
                     "p_source": source,
                     "p_queued": queued,
                     "p_when": when,
+                    "p_valid_until": when + valid_for if valid_for is not None else None,
                 },
             )
             return group
@@ -684,7 +530,7 @@ class Store:
     ) -> str | None:
         """Store an actuator report unless it answers an older command than the last one seen. Returns the
         model's group when stored."""
-        async with _autocommit(self.sessions) as conn:  # one statement
+        async with autocommit(self.sessions) as conn:  # one statement
             group: str | None = await conn.scalar(
                 _record_runtime_statement(),
                 {
@@ -698,6 +544,27 @@ class Store:
                 },
             )
             return group
+
+    async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
+        """See :meth:`SchedulerStore.note_crash`: one statement, before the report is recorded (so a repeat, which
+        finds the runtime Failed already, counts nothing)."""
+        statement = (
+            update(ModelRow)
+            .where(
+                ModelRow.namespace == namespace,
+                ModelRow.name == name,
+                ModelRow.ready_since.is_not(None),
+                ModelRow.desired_action == ScaleAction.ACTIVATE.value,
+                ModelRow.command_generation == generation,
+                ModelRow.runtime_generation == generation,
+                ModelRow.runtime_phase == "Ready",
+            )
+            .values(restarts=ModelRow.restarts + 1)
+            .returning(ModelRow.restarts, ModelRow.group_name)
+        )
+        async with self.sessions.begin() as session:
+            row = (await session.execute(statement)).first()
+            return (int(row[0]), row[1]) if row is not None else None
 
     async def record_in_flight(self, *, source: str, counts: Mapping[ModelKey, int], when: datetime) -> set[str]:
         """A proxy's complete in-flight counts: store them, drop the models it no longer names. Returns the groups
@@ -751,190 +618,10 @@ class Store:
     async def prune(self, now: datetime, keep: timedelta) -> None:
         async with self.sessions.begin() as session:
             await session.execute(delete(ProcessedMessageRow).where(ProcessedMessageRow.processed_at < now - keep))
-            await session.execute(delete(DemandSignalRow).where(DemandSignalRow.time < now - keep))
-            await session.execute(delete(InFlightRow).where(InFlightRow.time < now - keep))
-
-    # ---- manifests (admin API and spec sync) -------------------------------------------------------------
-    async def put_model(self, model: Model, now: datetime, origin: Origin = API_ORIGIN) -> tuple[ModelRow, bool]:
-        """Create or change a model. ``origin`` says who owns it; from Kubernetes, a change older than the one
-        stored is ignored (returns the row unchanged)."""
-        manifest = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-        manifest["metadata"]["namespace"] = model.namespace
-        async with self.sessions.begin() as session:
-            row = await session.get(ModelRow, (model.namespace, model.name), with_for_update=True)
-            created = row is None
-            if row is None:
-                row = ModelRow(namespace=model.namespace, name=model.name, manifest=manifest, spec_generation=1)
-                row.created_at = now
-                session.add(row)
-            elif origin.is_older_than(row.source_observed_at):
-                return row, False
-            elif row.manifest != manifest:
-                row.manifest = manifest
-                row.spec_generation += 1
-            row.priority = model.spec.gpu.priority
-            row.source = origin.source
-            row.source_observed_at = origin.observed_at
-            row.observed_generation = origin.generation
-            row.updated_at = now
-            await self._assign_group(session, row)
-            await session.flush()
-            await session.refresh(row)
-            return row, created
-
-    async def delete_model(self, namespace: str, name: str, origin: Origin = API_ORIGIN) -> ModelRow | None:
-        """Delete a model; from Kubernetes only if Kubernetes owns it and the deletion is not older than its state."""
-        async with self.sessions.begin() as session:
-            row = await session.get(ModelRow, (namespace, name))
-            if row is None or not origin.may_delete(row.source, row.source_observed_at):
-                return None
-            await session.delete(row)
             await session.execute(
-                delete(DemandSignalRow).where(DemandSignalRow.namespace == namespace, DemandSignalRow.name == name)
-            )
-            return row
-
-    async def put_gpugroup(self, group: GPUGroup, now: datetime, origin: Origin = API_ORIGIN) -> bool:
-        manifest = group.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-        values = {
-            "policy": GroupPolicy.V1ALPHA1.value,
-            "manifest": manifest,
-            "source": origin.source,
-            "source_observed_at": origin.observed_at,
-            "namespace": group.metadata.namespace or None,
-        }
-        async with self.sessions.begin() as session:
-            existing = await session.get(GroupRow, group.name, with_for_update=True)
-            if existing is not None and origin.is_older_than(existing.source_observed_at):
-                return False
-            stmt = insert(GroupRow).values(name=group.name, **values)
-            result = await session.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[GroupRow.name], set_={**values, "updated_at": now}
-                ).returning(text("xmax = 0"))
-            )
-            created = bool(result.scalar())
-            await self._recompute_membership(session)
-            return created
-
-    async def delete_group(self, name: str, origin: Origin = API_ORIGIN) -> bool:
-        async with self.sessions.begin() as session:
-            row = await session.get(GroupRow, name)
-            if row is None or row.policy != GroupPolicy.V1ALPHA1.value:
-                return False
-            if not origin.may_delete(row.source, row.source_observed_at):
-                return False
-            await session.delete(row)
-            await session.flush()
-            await self._recompute_membership(session)
-            return True
-
-    async def resync_models(
-        self, *, source: str, namespaces: list[str] | None, present: set[ModelKey], listed_at: datetime
-    ) -> list[ModelRow]:
-        """Delete the models ``source`` owns in ``namespaces`` (all: None) that its list at ``listed_at`` no longer
-        names (deleted while nobody watched); a model changed after the list is kept. Returns the deleted rows."""
-        async with self.sessions.begin() as session:
-            query = select(ModelRow).where(ModelRow.source == source)
-            if namespaces is not None:
-                query = query.where(ModelRow.namespace.in_(namespaces))
-            gone = [
-                row
-                for row in (await session.scalars(query)).all()
-                if _key(row) not in present and (row.source_observed_at is None or row.source_observed_at < listed_at)
-            ]
-            for row in gone:
-                await session.delete(row)
-                await session.execute(
-                    delete(DemandSignalRow).where(
-                        DemandSignalRow.namespace == row.namespace, DemandSignalRow.name == row.name
-                    )
+                delete(DemandSignalRow).where(
+                    DemandSignalRow.time < now - keep,
+                    or_(DemandSignalRow.valid_until.is_(None), DemandSignalRow.valid_until < now),
                 )
-            return gone
-
-    async def resync_groups(
-        self, *, source: str, namespaces: list[str] | None, present: set[str], listed_at: datetime
-    ) -> list[str]:
-        """As :meth:`resync_models`, for v1alpha1 GPUGroups (``present``: their names)."""
-        async with self.sessions.begin() as session:
-            query = select(GroupRow).where(GroupRow.source == source, GroupRow.policy == GroupPolicy.V1ALPHA1.value)
-            if namespaces is not None:
-                query = query.where(GroupRow.namespace.in_(namespaces))
-            gone = [
-                row
-                for row in (await session.scalars(query)).all()
-                if row.name not in present and (row.source_observed_at is None or row.source_observed_at < listed_at)
-            ]
-            for row in gone:
-                await session.delete(row)
-            if gone:
-                await session.flush()
-                await self._recompute_membership(session)
-            return [row.name for row in gone]
-
-    async def _listed(self, session: AsyncSession) -> dict[ModelKey, tuple[str, int]]:
-        """Models listed by a v1alpha1 GPUGroup: their group and the priority the group gives them."""
-        listed: dict[ModelKey, tuple[str, int]] = {}
-        for g in (await session.scalars(select(GroupRow).where(GroupRow.policy == GroupPolicy.V1ALPHA1.value))).all():
-            if g.manifest:
-                group = GPUGroup.model_validate(g.manifest)
-                home = group.metadata.namespace or "default"  # a member without a namespace is in the group's
-                for m in group.spec.models:
-                    listed[ModelKey(m.namespace or home, m.name)] = (g.name, m.priority)
-        return listed
-
-    async def _assign_group(self, session: AsyncSession, row: ModelRow) -> None:
-        """One model's group: ``spec.gpu.shared``, or the GPUGroup that lists it, or a group of its own."""
-        spec = Model.model_validate(row.manifest).spec
-        group, priority = spec.gpu.shared, spec.gpu.priority
-        if group is None:
-            listed = await self._listed(session)
-            if _key(row) in listed:
-                group, priority = listed[_key(row)]
-        row.group_name = group or solo_group(_key(row))
-        row.priority = priority
-
-    async def _recompute_membership(self, session: AsyncSession) -> None:
-        """After a GPUGroup changed: every model's group and priority again."""
-        listed = await self._listed(session)
-        for row in (await session.scalars(select(ModelRow))).all():
-            spec = Model.model_validate(row.manifest).spec
-            group, priority = spec.gpu.shared, spec.gpu.priority
-            if group is None and _key(row) in listed:
-                group, priority = listed[_key(row)]
-            group = group or solo_group(_key(row))
-            if row.group_name != group:
-                row.group_name = group
-            if row.priority != priority:
-                row.priority = priority
-
-    async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
-        async with self.sessions.begin() as session:
-            row = await session.get(ModelRow, (namespace, name))
-            if row is None:
-                return None
-            row.promoted_at = now
-            row.idle_parked_at = None
-            row.failed_at = None
-            return row
-
-    async def models(self) -> list[ModelRow]:
-        async with self.sessions() as session:
-            return list((await session.scalars(select(ModelRow).order_by(ModelRow.namespace, ModelRow.name))).all())
-
-    async def model(self, namespace: str, name: str) -> ModelRow | None:
-        async with self.sessions() as session:
-            return await session.get(ModelRow, (namespace, name))
-
-    async def group(self, name: str) -> GroupRow | None:
-        async with self.sessions() as session:
-            return await session.get(GroupRow, name)
-
-    async def groups(self) -> list[GroupRow]:
-        async with self.sessions() as session:
-            return list((await session.scalars(select(GroupRow).order_by(GroupRow.name))).all())
-
-    async def swaps(self, limit: int = 200) -> list[SwapRow]:
-        async with self.sessions() as session:
-            rows = await session.scalars(select(SwapRow).order_by(SwapRow.started_at.desc()).limit(limit))
-            return list(rows.all())
+            )
+            await session.execute(delete(InFlightRow).where(InFlightRow.time < now - keep))

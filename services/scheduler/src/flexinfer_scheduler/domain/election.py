@@ -36,11 +36,13 @@ How long a member has wanted the GPU is ``Member.demand_since``, kept by the pla
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from flexinfer_scheduler.domain.model import GroupSnapshot, Member, ModelKey, V1Alpha1Policy, lease_is_active
+from flexinfer_common.enums import SchedulingPolicy
+from flexinfer_common.keys import ModelKey
+from flexinfer_scheduler.domain.model import GroupSnapshot, Member, V1Alpha1Policy, lease_is_active
 
 _EPOCH_KEY = float("-inf")
 
@@ -76,11 +78,38 @@ class ElectionParams:
     # good value: a holder idle that long has lost at least what the reload will cost it should its next request
     # come at once. None (the default): never, as in the seed ("Lower-Priority Model Never Activates").
     quiet_after: timedelta | None = None
+    # Which election a v1alpha2 group runs (a group's own ``spec.scheduling`` wins): FlexInfer's policy (below,
+    # ``choose_flexinfer_leader``) or the seed's exact rules (``choose_shared_group_leader`` with the refinements
+    # above off, whatever they are set to).
+    policy: SchedulingPolicy = SchedulingPolicy.FLEXINFER
+    # FlexInfer's policy. ``quiet_period``: a holder with nothing in flight, nothing queued and no request for this
+    # long is idle (the seed: not asked within the demand window). ``hold_factor`` x the holder's measured load
+    # time, within [``hold_min``, ``hold_max``]: how long a new holder keeps the GPU while it is busy, so that its
+    # load pays for itself (the seed's fixed 5-minute cooldown, when no member sets ``swapCooldown``).
+    # ``flexinfer_max_wait``: the bounded wait of a member without ``spec.gpu.maxWait``.
+    quiet_period: timedelta = timedelta(seconds=10)
+    hold_factor: float = 1.0
+    hold_min: timedelta = timedelta(seconds=10)
+    hold_max: timedelta = timedelta(minutes=5)
+    flexinfer_max_wait: timedelta = timedelta(minutes=4)
+    # A quiet holder yields once the waiting it would end is worth a load: the member's requests waiting x how
+    # long it has waited reaches ``yield_after`` (request-seconds), or its oldest waited ``yield_after`` alone.
+    yield_after: timedelta = timedelta(seconds=240)
+    # the operator's FLEXINFER_DEFAULT_SWAP_COOLDOWN when set explicitly: FlexInfer's policy then holds as the seed
+    explicit_swap_cooldown: timedelta | None = None
 
     def max_wait(self, member: Member) -> timedelta | None:
         if not self.bounded_wait:
             return None
-        return member.max_wait if member.max_wait is not None else self.demand_window
+        if member.max_wait is not None:
+            return member.max_wait
+        return self.flexinfer_max_wait if self.policy is SchedulingPolicy.FLEXINFER else self.demand_window
+
+    def seed(self) -> ElectionParams:
+        """These parameters with the seed's exact rules: no bounded wait, no idle-aware fallback, no quiet yield."""
+        return replace(
+            self, policy=SchedulingPolicy.SEED, bounded_wait=False, idle_aware_fallback=False, quiet_after=None
+        )
 
 
 @dataclass(frozen=True)
@@ -108,6 +137,19 @@ def group_cooldown(members: Iterable[Member], default: timedelta) -> timedelta:
 
 
 def cooldown_remaining(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> timedelta:
+    """How long the group's holder keeps the GPU against demand: the seed's swap cooldown (v1alpha1: the cooldown
+    after preemption), or under FlexInfer's policy the holder's hold (``hold_ends``)."""
+    if snapshot.v1alpha1 is None and policy_of(snapshot, params) is SchedulingPolicy.FLEXINFER:
+        holder = snapshot.member(snapshot.active)
+        if holder is None:
+            return timedelta(0)
+        ends = hold_ends(holder, snapshot, params)
+        return max(timedelta(0), ends - now) if ends is not None else timedelta(0)
+    return seed_cooldown_remaining(snapshot, now, params)
+
+
+def seed_cooldown_remaining(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> timedelta:
+    """The seed's stage 1: the group's cooldown (max ``swapCooldown``) after its latest preemption."""
     if snapshot.v1alpha1 is not None:
         window = snapshot.v1alpha1.cooldown_after_preemption
     else:
@@ -132,8 +174,18 @@ def idle_timeout_expired(member: Member, now: datetime, timeout: timedelta | Non
     return since is not None and now - since >= timeout
 
 
+def parked_by_hand(member: Member) -> bool:
+    """Parked as for its idle timeout (the status page's Park) and not asked for since: it leaves the GPU, and comes
+    back once a request or demand names it again."""
+    since = member.idle_parked_at
+    return since is not None and (member.last_active_time is None or member.last_active_time <= since)
+
+
 def is_eligible(member: Member) -> bool:
-    """Left out after an idle park or a failed load, until a request or demand names the model again."""
+    """Left out after an idle park or a failed load, until a request or demand names the model again; and once
+    deleted (it is parked as for a swap, then its row goes), or moving to another group (parked here first)."""
+    if member.leaving:
+        return False
     for since in (member.idle_parked_at, member.failed_at):
         if since is not None and (member.last_active_time is None or member.last_active_time <= since):
             return False
@@ -150,9 +202,46 @@ def wants_gpu(member: Member, snapshot: GroupSnapshot, now: datetime, params: El
         return False
     if snapshot.v1alpha1 is not None:
         return member.queued >= snapshot.v1alpha1.request_queue_threshold
+    if policy_of(snapshot, params) is SchedulingPolicy.FLEXINFER:
+        return asked_for(member, now, params)
     return member.queued > 0 or (
         member.last_active_time is not None and now - member.last_active_time <= params.demand_window
     )
+
+
+def policy_of(snapshot: GroupSnapshot, params: ElectionParams) -> SchedulingPolicy:
+    """The group's own ``spec.scheduling``, else the setting."""
+    return snapshot.scheduling or params.policy
+
+
+def params_for(snapshot: GroupSnapshot, params: ElectionParams) -> ElectionParams:
+    """The parameters the group is planned with: the seed's exact rules (no bounded wait, no quiet yield) for a
+    v1alpha2 group whose policy is the seed, whether the setting or its own ``spec.scheduling`` says so; FlexInfer's
+    (its bounded wait) for one that declares ``flexinfer`` under the ``seed`` setting."""
+    if snapshot.v1alpha1 is not None or (snapshot.scheduling is None and params.policy is SchedulingPolicy.FLEXINFER):
+        return params
+    if policy_of(snapshot, params) is SchedulingPolicy.SEED:
+        return params.seed()
+    return replace(params, policy=SchedulingPolicy.FLEXINFER)
+
+
+def released_at(member: Member) -> datetime | None:
+    """When the member last lost the GPU (preempted, or parked while idle)."""
+    times = [t for t in (member.preempted_at, member.idle_parked_at) if t is not None]
+    return max(times) if times else None
+
+
+def asked_for(member: Member, now: datetime, params: ElectionParams) -> bool:
+    """FlexInfer's demand: requests wait for the member (at any proxy, or in an external producer's ``queued``),
+    or a request or demand message named it within the demand window since it last lost the GPU (what it served
+    before it was parked is no demand)."""
+    if member.queued > 0:
+        return True
+    last = member.last_active_time
+    if last is None or now - last > params.demand_window:
+        return False
+    released = released_at(member)
+    return released is None or last > released
 
 
 def waited(member: Member, now: datetime) -> timedelta:
@@ -210,10 +299,10 @@ def _swapping_away(snapshot: GroupSnapshot, member: Member) -> bool:
 
 
 def _forced(snapshot: GroupSnapshot) -> Member | None:
-    forced = [m for m in snapshot.members if m.force_promotion]
+    forced = [m for m in snapshot.members if m.force_promotion and not m.leaving]
     if forced:
         return best(forced)
-    promoted = [m for m in snapshot.members if m.promoted_at is not None]
+    promoted = [m for m in snapshot.members if m.promoted_at is not None and not m.leaving]
     return max(promoted, key=lambda m: (m.promoted_at, m.key)) if promoted else None
 
 
@@ -247,7 +336,7 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         return Election(taker.key, ElectionReason.QUIET_YIELD, (*expired, active.key))
 
     # Stage 1: anti-thrashing.
-    if active is not None and active in candidates and cooldown_remaining(snapshot, now, params) > timedelta(0):
+    if active is not None and active in candidates and seed_cooldown_remaining(snapshot, now, params) > timedelta(0):
         return Election(active.key, ElectionReason.COOLDOWN, expired)
 
     # Stage 2: classify. A model whose idle timeout has run out since it was last asked for is no recent or
@@ -290,6 +379,129 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         (ready, ElectionReason.READY),
         (recent, ElectionReason.RECENT),
         (fallback, ElectionReason.FALLBACK),
+    ):
+        if leader is not None:
+            return Election(leader.key, reason, expired)
+    return Election(None, ElectionReason.NO_CANDIDATE, expired)
+
+
+def hold_ends(holder: Member, snapshot: GroupSnapshot, params: ElectionParams) -> datetime | None:
+    """FlexInfer's policy: until when a busy holder keeps the GPU (None: it is still loading, and holds until its
+    load is done). The group's ``swapCooldown`` after the latest preemption, as in the seed, when a member sets one
+    (or the operator set FLEXINFER_DEFAULT_SWAP_COOLDOWN); else ``hold_factor`` x the holder's own measured load
+    time (from its activate to Ready) from when it became Ready, so a load pays for itself."""
+    explicit = [m.swap_cooldown for m in snapshot.members if m.swap_cooldown is not None]
+    if params.explicit_swap_cooldown is not None:
+        explicit.append(params.explicit_swap_cooldown)
+    if explicit:
+        latest = max((m.preempted_at for m in snapshot.members if m.preempted_at), default=None)
+        end = latest + max(explicit) if latest is not None else None
+        if holder.ready_since is None:
+            return None
+        return max(end, holder.ready_since) if end is not None else holder.ready_since
+    if holder.ready_since is None:
+        return None
+    issued = holder.command_issued_at
+    load = holder.ready_since - issued if issued is not None and issued <= holder.ready_since else params.hold_min
+    hold = min(params.hold_max, max(params.hold_min, load * params.hold_factor))
+    return holder.ready_since + hold
+
+
+def worth_a_load(member: Member, holder: Member, now: datetime, params: ElectionParams) -> bool:
+    """Whether the waiting a swap from the quiet ``holder`` to ``member`` would end is worth a load: the member's
+    requests waiting x how long it has waited reaches ``yield_after`` (request-seconds), scaled down the longer the
+    holder has gone without a request (to nothing once it was not asked for the demand window, or never was: it is not
+    coming back soon), or the member of priority >= the holder's waited past its bound, or it has a higher priority
+    than the holder (a guest yields at once)."""
+    if member.priority > holder.priority:
+        return True  # a guest gives the GPU back as soon as it is quiet
+    bound = params.max_wait(member)
+    if bound is not None and member.priority >= holder.priority and waited(member, now) >= bound:
+        return True
+    last = holder.last_active_time  # a holder nobody asked for (loaded as the fallback) is not coming back
+    idle = (now - last).total_seconds() if last is not None else float("inf")
+    hot = max(0.0, 1.0 - idle / params.demand_window.total_seconds())
+    pressure = max(1, member.queued) * waited(member, now).total_seconds()
+    return pressure >= params.yield_after.total_seconds() * hot
+
+
+def most_pressing(waiting: Iterable[Member], now: datetime, params: ElectionParams) -> Member | None:
+    """Whom a quiet holder yields to: the highest priority, then one past its bound, then the most waiting ended
+    by one load (requests waiting x how long), then the seed's tie-break."""
+
+    def key(m: Member) -> tuple[int, bool, float, tuple[int, float, str, str]]:
+        bound = params.max_wait(m)
+        late = bound is not None and waited(m, now) >= bound
+        return (-m.priority, not late, -max(1, m.queued) * waited(m, now).total_seconds(), rank(m))
+
+    return min(waiting, key=key, default=None)
+
+
+def first_in_line(waiting: Iterable[Member], now: datetime) -> Member | None:
+    """FlexInfer's queue order: the highest priority, then members with requests waiting before those only named
+    by a demand, then the longest waiting, then the seed's tie-break."""
+    return min(waiting, key=lambda m: (-m.priority, m.queued == 0, m.demand_since or now, rank(m)), default=None)
+
+
+def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
+    """FlexInfer's v1alpha2 election (the default policy). Pure: reads only its arguments.
+
+    After the lease and forcePromotion, and with members idle past their timeout left out (as in the seed):
+    1. an empty GPU goes to the first in line (``first_in_line``) of the members asked for (``asked_for``), else as
+       the seed's stage 4 (ready > recent > fallback, never a model whose idle timeout ran out since it was asked);
+    2. a quiet holder (nothing in flight or queued, no request for ``quiet_period``; at once for one nobody ever
+       asked for) yields to the first in line, whatever the priorities: it is parked as idle (no preemption, no
+       cooldown) and returns when asked again;
+    3. a busy holder keeps the GPU until its hold ends (``hold_ends``: its load paid for);
+    4. then a member of higher priority with requests waiting takes it (the holder drains first);
+    5. then a member of priority >= the holder's whose requests waited past its bound (``maxWait``);
+    6. else the holder keeps it. Lower priority never takes the GPU from a busy holder.
+    """
+    first = _overrides_then_candidates(snapshot, now, lambda m: m.idle_timeout)
+    if isinstance(first, Election):
+        return first
+    expired, candidates = first
+    active = snapshot.member(snapshot.active)
+    holder = active if active is not None and active in candidates else None
+    waiting = [m for m in candidates if m is not holder and asked_for(m, now, params)]
+    if holder is None:
+        taker = first_in_line(waiting, now)
+        if taker is not None:
+            return Election(taker.key, ElectionReason.DEMAND, expired)
+        return _fallback(candidates, now, params, expired)
+    # (a holder nobody ever asked for, loaded as the fallback, is quiet as soon as nothing is in flight: there is no
+    # request its load must be kept for)
+    never_asked = holder.last_active_time is None and not holder.in_flight and not holder.queued
+    if never_asked or is_quiet(holder, now, params.quiet_period):
+        taker = most_pressing((m for m in waiting if worth_a_load(m, holder, now, params)), now, params)
+        if taker is not None:
+            return Election(taker.key, ElectionReason.QUIET_YIELD, (*expired, holder.key))
+        return Election(holder.key, ElectionReason.READY, expired)
+    ends = hold_ends(holder, snapshot, params)
+    if ends is None or now < ends:
+        return Election(holder.key, ElectionReason.COOLDOWN, expired)
+    pressing = [m for m in waiting if m.queued > 0]
+    higher = first_in_line((m for m in pressing if m.priority > holder.priority), now)
+    if higher is not None:
+        return Election(higher.key, ElectionReason.DEMAND, expired)
+    late = _longest_overdue(pressing, holder.priority, holder, now, params)
+    if late is not None:
+        return Election(late.key, ElectionReason.MAX_WAIT, expired)
+    return Election(holder.key, ElectionReason.READY, expired)
+
+
+def _fallback(
+    candidates: list[Member], now: datetime, params: ElectionParams, expired: tuple[ModelKey, ...]
+) -> Election:
+    """The seed's stage 4 for an unasked group: readyLeader > recentLeader > fallbackLeader, never loading a model
+    whose idle timeout ran out since it was last asked for."""
+    ready = best(m for m in candidates if m.loaded)
+    unasked = [m for m in candidates if m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)]
+    recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    for leader, reason in (
+        (ready, ElectionReason.READY),
+        (recent, ElectionReason.RECENT),
+        (best(unasked), ElectionReason.FALLBACK),
     ):
         if leader is not None:
             return Election(leader.key, reason, expired)
@@ -347,4 +559,7 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
 def elect(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
     if snapshot.v1alpha1 is not None:
         return determine_active_model(snapshot, now, snapshot.v1alpha1)
-    return choose_shared_group_leader(snapshot, now, params)
+    params = params_for(snapshot, params)
+    if params.policy is SchedulingPolicy.SEED:
+        return choose_shared_group_leader(snapshot, now, params)
+    return choose_flexinfer_leader(snapshot, now, params)

@@ -1,17 +1,22 @@
-"""What the scheduler reads from a Model manifest, and the names of the groups it elects in. Pure."""
+"""What the scheduler reads from a Model manifest, the names of the groups it elects in, and where a model is
+elected when its membership changes. Pure."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import GpuSpec, Model, ServerlessSpec
 from flexinfer_common.messages import RuntimeSpec
-from flexinfer_scheduler.domain.model import ModelKey
+from flexinfer_common.quantity import parse_memory
+from flexinfer_scheduler.domain.model import Capacity
 
 SOLO_PREFIX = "solo."
 
@@ -26,12 +31,58 @@ def visible_group(name: str | None) -> str | None:
     return None if name is None or name.startswith(SOLO_PREFIX) else name
 
 
+def group_phrase(name: str | None) -> str:
+    """A group as a sentence names it: ``group 'gpu'``, or a model's own group."""
+    shown = visible_group(name)
+    return f"group {shown!r}" if shown is not None else "a group of its own"
+
+
+def membership(
+    key: ModelKey, shared: str | None, priority: int, listed: Mapping[ModelKey, tuple[str, int]]
+) -> tuple[str, int]:
+    """A model's group and priority by its specs: ``spec.gpu.shared``, else the v1alpha1 GPUGroup that lists it
+    (with the priority the group gives it), else a group of its own."""
+    if shared is None and key in listed:
+        return listed[key]
+    return shared or solo_group(key), priority
+
+
+class Placement(NamedTuple):
+    """Where a model is elected after its membership was worked out again: ``group`` now, and ``moving_to`` the
+    group it joins once it is confirmed parked (None: it is where it belongs)."""
+
+    group: str
+    moving_to: str | None = None
+
+
+def place(*, current: str | None, desired: str, parked: bool) -> Placement:
+    """A model goes to the group its specs give it (``desired``) at once when it is new, stays, or is confirmed off
+    the GPU; one that may still hold its group's card stays there (two groups would otherwise each schedule it, or
+    load a model beside it on that card) and moves once parked."""
+    if current is None or current == desired or parked:
+        return Placement(desired)
+    return Placement(current, desired)
+
+
+class GroupMove(NamedTuple):
+    """A move a membership change would make of a model that may hold its group's GPU."""
+
+    key: ModelKey
+    old: str
+    new: str
+
+    def describe(self) -> str:
+        old = group_phrase(self.old)
+        return f"model {self.key} from {old} to {group_phrase(self.new)} while it may still hold the GPU of {old}"
+
+
 class _ElectionSpec(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     serverless: ServerlessSpec = Field(default_factory=ServerlessSpec)
     service_labels: list[str] = Field(default_factory=list, alias="serviceLabels")
+    source: str | None = None
 
 
 class _ElectionView(BaseModel):
@@ -56,6 +107,11 @@ class SpecFacts:
     service_labels: tuple[str, ...]
     max_wait: timedelta | None
     manifest: dict[str, Any] | str = field(repr=False)
+    memory: int | None = None
+    devices: int = 1
+    pinned: bool = False
+    source: str | None = None  # spec.source: where the weights are (an estimate of ``memory`` may come from them)
+    memory_estimated: bool = False  # ``memory`` is an estimate from the weights, not the manifest's
 
     @functools.cached_property
     def model(self) -> Model:
@@ -76,7 +132,9 @@ class SpecFacts:
             command=spec.local.command,
             env=spec.local.env,
             port=spec.endpoint.port,
-            readiness_path=spec.endpoint.readiness_path or "/health",
+            readiness_path=spec.endpoint.readiness_path,
+            backend=spec.backend,
+            source=spec.source,
             park_strategy=spec.gpu.park_strategy,
             rendered=spec.deployment is None,
             drain_seconds=None,
@@ -100,4 +158,44 @@ def spec_facts(manifest: dict[str, Any] | str) -> SpecFacts:
         tuple(spec.service_labels),
         spec.gpu.max_wait,
         manifest,
+        spec.gpu.memory,
+        spec.gpu.devices,
+        spec.gpu.pinned,
+        spec.source,
     )
+
+
+#: what a loaded model holds beyond its weights, when it declares no ``memory``: runtime buffers and a KV cache of
+#: a typical context, as a share of the weights plus a floor (a rough figure: declare ``memory`` for long contexts)
+ESTIMATE_FACTOR = 1.2
+ESTIMATE_FLOOR = 512 << 20
+
+
+def estimate_memory(weights_bytes: int) -> int:
+    """A model's GPU memory from the size of its weights: ``ESTIMATE_FACTOR`` x the weights + ``ESTIMATE_FLOOR``."""
+    return int(weights_bytes * ESTIMATE_FACTOR) + ESTIMATE_FLOOR
+
+
+def with_estimate(facts: SpecFacts, weights_bytes: int | None) -> SpecFacts:
+    """``facts`` with an estimated ``memory`` when the manifest declares none and the weights' size is known."""
+    if facts.memory is not None or weights_bytes is None:
+        return facts
+    return dataclasses.replace(facts, memory=estimate_memory(weights_bytes), memory_estimated=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _capacity(devices: object, memory: object) -> Capacity | None:
+    try:
+        count = int(devices) if devices is not None else 1  # type: ignore[call-overload]
+        return Capacity(devices=count, memory_per_device=parse_memory(memory)) if count >= 1 else None
+    except (TypeError, ValueError):
+        return None  # validated when stored: a manifest from an older version without it reads as no capacity
+
+
+def declared_capacity(manifest: dict[str, Any] | None) -> Capacity | None:
+    """A GPUGroup's ``spec.capacity`` (validated when it was stored), read without parsing the whole manifest:
+    every pass reads it for every group. None: one model at a time, as the seed."""
+    capacity = ((manifest or {}).get("spec") or {}).get("capacity")
+    if not isinstance(capacity, dict) or "memoryPerDevice" not in capacity:
+        return None
+    return _capacity(capacity.get("devices"), capacity["memoryPerDevice"])

@@ -6,20 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 
-from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SwapPhase, SwapReason
-
-
-class ModelKey(NamedTuple):
-    """``namespace/name`` (a tuple: cheap to build and hash, which the election does tens of thousands of times)."""
-
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
+from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SchedulingPolicy, SwapPhase, SwapReason
+from flexinfer_common.keys import ModelKey
 
 # The actuator has not confirmed this model's state since it (re)started: not safe to assume it is parked.
 RUNTIME_UNKNOWN = "Unknown"
@@ -62,9 +52,24 @@ class Member:
     queued: int = 0  # requests waiting at the proxies (summed over sources)
     in_flight: int = 0  # requests being answered by the model at the proxies (summed over fresh reports)
     max_wait: timedelta | None = None  # spec.gpu.maxWait (None: the group's default)
+    # several models on one card: what the model holds when loaded (bytes; None: a whole device in a group with a
+    # capacity), how many devices it needs at once, and whether it stays loaded
+    memory: int | None = None
+    memory_estimated: bool = False  # ``memory`` estimated from the weights' size, not declared
+    devices: int = 1
+    pinned: bool = False
+    # in a group with a capacity: the devices the model was placed on when it was activated (None: not placed), and
+    # since when it is being evicted (drained, then parked) to make room for another
+    placement: tuple[int, ...] | None = None
+    evicting_since: datetime | None = None
     # carried through to what is published
     service_labels: tuple[str, ...] = ()
     observed_generation: int | None = None
+    # deleted, waiting to be confirmed parked before its row goes: no leader any more (api-invariants)
+    deleting: bool = False
+    # moved to another group by a membership change from Kubernetes while it may hold this group's GPU: no leader
+    # here any more, and it joins ``moving_to`` once confirmed parked (never scheduled by two groups at once)
+    moving_to: str | None = None
 
     @classmethod
     def of(cls, fields: dict[str, Any]) -> Member:
@@ -75,6 +80,11 @@ class Member:
         member = object.__new__(cls)
         member.__dict__.update(fields)
         return member
+
+    @property
+    def leaving(self) -> bool:
+        """Deleted, or moving to another group: parked here as for a swap, and never this group's leader again."""
+        return self.deleting or self.moving_to is not None
 
     @property
     def runtime_confirmed(self) -> bool:
@@ -127,6 +137,8 @@ class MemberPatch:
     last_failure: str | _Unset | None = UNSET
     promoted_at: datetime | _Unset | None = UNSET
     demand_since: datetime | _Unset | None = UNSET
+    placement: tuple[int, ...] | _Unset | None = UNSET
+    evicting_since: datetime | _Unset | None = UNSET
     _changes: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     # (written for speed: a pass over 10,000 models patches thousands of members, and ``dataclasses.replace`` made
@@ -203,6 +215,14 @@ class Swap:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """A group's card(s) (``spec.capacity``): without one, a group holds one model at a time."""
+
+    devices: int
+    memory_per_device: int
+
+
+@dataclass(frozen=True)
 class GroupSnapshot:
     name: str
     members: tuple[Member, ...]
@@ -212,6 +232,8 @@ class GroupSnapshot:
     leader_since: datetime | None = None
     swap: Swap | None = None
     lease: Lease | None = None
+    scheduling: SchedulingPolicy | None = None  # the group's own spec.scheduling (None: the setting)
+    capacity: Capacity | None = None  # spec.capacity (None: one model at a time, as the seed)
 
     def member(self, key: ModelKey | None) -> Member | None:
         if key is None:

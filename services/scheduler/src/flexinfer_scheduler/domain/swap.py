@@ -12,6 +12,7 @@ changed its mind; the next swap starts from where things stand).
 | parking    | parked           | loading  | park every member but the new leader                                    |
 | parking    | nothing-to-load  | ready    | (no new leader: a GPU lease, an idle timeout) park every member         |
 | loading    | leader-ready     | ready    | park the others, activate the new leader                                |
+| loading    | load-failed      | failed   | (the new leader failed to load; the next swap starts from there)        |
 | any active | superseded       | aborted  | the next swap's                                                         |
 
 ``drained``: no request is in flight at any proxy for the models being parked (at least ``settle`` after the
@@ -38,6 +39,7 @@ class SwapEvent(StrEnum):
     NOTHING_TO_LOAD = "nothing-to-load"
     LEADER_READY = "leader-ready"
     SUPERSEDED = "superseded"
+    LOAD_FAILED = "load-failed"
 
 
 TRANSITIONS: dict[tuple[SwapPhase, SwapEvent], SwapPhase] = {
@@ -48,6 +50,7 @@ TRANSITIONS: dict[tuple[SwapPhase, SwapEvent], SwapPhase] = {
     (SwapPhase.DRAINING, SwapEvent.SUPERSEDED): SwapPhase.ABORTED,
     (SwapPhase.PARKING, SwapEvent.SUPERSEDED): SwapPhase.ABORTED,
     (SwapPhase.LOADING, SwapEvent.SUPERSEDED): SwapPhase.ABORTED,
+    (SwapPhase.LOADING, SwapEvent.LOAD_FAILED): SwapPhase.FAILED,
 }
 
 FINAL = frozenset({SwapPhase.READY, SwapPhase.ABORTED, SwapPhase.FAILED})

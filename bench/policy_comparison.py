@@ -1,0 +1,114 @@
+"""The scheduling policies side by side on every example trace, and on fresh variants of each kind.
+
+    python bench/policy_comparison.py                  # the example traces
+    python bench/policy_comparison.py --variants 3     # and 3 new random variants of each generated kind
+    python bench/policy_comparison.py --only bursty    # the traces whose name contains 'bursty'
+
+For each trace: the seed's exact policy, the v1alpha1 defaults, FlexInfer's default and the offline lower bound
+(`flexinfer simulate --one-at-a-time`, queue timeout 5 m: a trace's capacity line is ignored, so the figures compare
+with the seed's one model per GPU), and whether the default meets the goals of issue 21:
+- 504s <= the better of seed and v1alpha1, plus 1 % of the requests;
+- the worst model's p95 wait <= the better of seed and v1alpha1;
+- swaps <= 1.5 x the larger of the seed's swaps and the offline lower bound.
+Exits 1 when a goal is missed on any trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from flexinfer_cli.simulation import Settings, Trace, load_trace, read_trace, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "examples" / "traces"
+
+
+def _generator():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("trace_generator", TRACES / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def variants(count: int, first_seed: int = 1000) -> dict[str, Trace]:
+    """``count`` new traces of each generated kind (other random seeds than the shipped files)."""
+    gen = _generator()
+    out: dict[str, Trace] = {}
+    kinds = {
+        "homelab-day": gen.homelab_day,
+        "bursty-two-models": gen.bursty_two_models,
+        "team-working-day": gen.team_working_day,
+        "chat-beside-batch": gen.chat_beside_batch,
+        "many-models": gen.many_models,
+    }
+    for kind, make in kinds.items():
+        for i in range(count):
+            seed = first_seed + i
+            gen.OUT = {}
+            make(random.Random(seed))
+            (lines,) = gen.OUT.values()
+            out[f"{kind}@{seed}"] = read_trace(lines, source=f"{kind}@{seed}")
+    gen.OUT = None
+    return out
+
+
+def worst_p95(outcome) -> float:  # type: ignore[no-untyped-def]
+    return max((p for m in outcome.waits if (p := outcome.percentile(m, 95)) is not None), default=0.0)
+
+
+def judge(name: str, trace: Trace) -> tuple[str, bool]:
+    # one model at a time, as these goals were set (a trace's capacity: bench/residency_comparison.py)
+    c = simulate(trace, ("seed", "v1alpha1", "flexinfer", "offline"), Settings(one_at_a_time=True))
+    seed, v1, ours = c.outcomes["seed"], c.outcomes["v1alpha1"], c.outcomes["flexinfer"]
+    requests = len(trace.requests)
+    limit_504 = min(seed.timed_out, v1.timed_out) + 0.01 * requests
+    limit_p95 = min(worst_p95(seed), worst_p95(v1))
+    limit_swaps = 1.5 * max(seed.loads, c.offline or 0)
+    ok = (ours.timed_out <= limit_504, worst_p95(ours) <= limit_p95 + 1e-9, ours.loads <= limit_swaps)
+    marks = ["" if good else "!" for good in ok]
+
+    def cell(o) -> str:  # type: ignore[no-untyped-def]
+        return f"{o.timed_out} / {worst_p95(o):.0f} s / {o.loads}"
+
+    row = (
+        f"| {name} | {requests} | {cell(seed)} | {cell(v1)} | {ours.timed_out}{marks[0]} / "
+        f"{worst_p95(ours):.0f} s{marks[1]} / {ours.loads}{marks[2]} | {c.offline} | "
+        f"{limit_504:.0f} / {limit_p95:.0f} s / {limit_swaps:.0f} |"
+    )
+    return row, all(ok)
+
+
+def _judge(item: tuple[str, Trace]) -> tuple[str, bool]:
+    return judge(*item)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", type=int, default=0, help="new random traces of each kind (default 0)")
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--only", default="", help="only traces whose name contains this")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    traces = {p.stem: load_trace(p) for p in sorted(TRACES.glob("*.jsonl"))}
+    traces.update(variants(args.variants, args.first_seed))
+    items = [(n, t) for n, t in traces.items() if args.only in n]
+    print("504 / worst model's p95 wait / swaps ('!': a goal missed)\n")
+    print("| trace | requests | seed | v1alpha1 | flexinfer (default) | offline swaps | goal (at most) |")
+    print("|---|---|---|---|---|---|---|")
+    failed = 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for row, ok in pool.map(_judge, items):
+            print(row, flush=True)
+            failed += not ok
+    print(f"\n{len(items) - failed} of {len(items)} traces meet every goal")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer_actuator.adapters.gpu import NullGpuMemory, NvmlGpuMemory, open_gpu_memory
+from flexinfer_actuator.adapters.gpu import AmdSmiGpuMemory, NullGpuMemory, NvmlGpuMemory, open_gpu_memory
 from flexinfer_actuator.domain.gpu_memory import (
     GpuDevice,
     ProcessMemory,
@@ -95,6 +95,40 @@ def test_a_models_memory_is_summed_over_its_process_tree_per_device() -> None:
     assert gpu.devices() == [GpuDevice(0, 24 * GiB), GpuDevice(1, 24 * GiB)]
     gpu.close()
     assert nvml.shut_down
+
+
+class FakeAmdSmi:
+    """The amdsmi calls the adapter makes: two cards, processes listed as dicts (amdsmi 6.x)."""
+
+    class AmdSmiMemoryType:
+        VRAM = "vram"
+
+    def __init__(self) -> None:
+        self.lists = {0: [{"pid": 100, "memory_usage": {"vram_mem": 2 * GiB}}], 1: [{"pid": 101, "mem": GiB}]}
+
+    def amdsmi_init(self) -> None:
+        return None
+
+    def amdsmi_get_processor_handles(self) -> list[int]:
+        return [0, 1]
+
+    def amdsmi_get_gpu_memory_total(self, handle: int, kind: str) -> int:
+        assert kind == "vram"
+        return (16 if handle == 0 else 32) * GiB
+
+    def amdsmi_get_gpu_process_list(self, handle: int) -> list[dict[str, Any]]:
+        return self.lists[handle]
+
+    def amdsmi_shut_down(self) -> None:
+        return None
+
+
+def test_amdsmi_is_used_when_nvml_finds_no_gpu() -> None:
+    gpu = open_gpu_memory(nvml=FakeNvml(totals=[], driver=False), amdsmi=FakeAmdSmi())
+    assert isinstance(gpu, AmdSmiGpuMemory)
+    assert gpu.devices() == [GpuDevice(0, 16 * GiB), GpuDevice(1, 32 * GiB)]
+    per_device = memory_per_device(gpu.processes(), process_tree(100, {101: 100}))
+    assert per_device == {0: 2 * GiB, 1: GiB}
 
 
 def test_a_process_the_driver_does_not_list_holds_nothing() -> None:

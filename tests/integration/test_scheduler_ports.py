@@ -517,3 +517,38 @@ async def test_store_estimates_an_undeclared_memory_from_local_weights(store: An
     assert (by_name["small"].memory, by_name["small"].memory_estimated) == (2 << 30, False)
     assert (by_name["local"].memory, by_name["local"].memory_estimated) == (estimate_memory(3 << 30), True)
     assert (by_name["remote"].memory, by_name["remote"].memory_estimated) == (None, False)
+
+
+async def test_store_keeps_a_measured_memory_and_fits_with_it_only_above_the_declaration(store: Any) -> None:
+    s: SchedulerStore = store
+    await store.put_model(model("chat", shared="card", memory="4Gi"), NOW)
+    key = ModelKey("default", "chat")
+    assert await s.record_measured_memory(namespace="default", name="nobody", measured=1) is None
+    first = await s.record_measured_memory(namespace="default", name="chat", measured=6 << 30)
+    assert first is not None and (first.group, first.previous, first.reference) == ("card", None, 4 << 30)
+    world, _ = await s.load_world(NOW, WINDOW)
+    member = world.group("card").member(key)  # type: ignore[union-attr]
+    assert member is not None and (member.memory, member.memory_measured) == (6 << 30, 6 << 30)
+    again = await s.record_measured_memory(namespace="default", name="chat", measured=2 << 30)
+    assert again is not None and again.previous == 6 << 30
+    world, _ = await s.load_world(NOW, WINDOW)
+    member = world.group("card").member(key)  # type: ignore[union-attr]
+    assert member is not None and (member.memory, member.memory_measured) == (4 << 30, 2 << 30)
+
+
+async def test_store_gives_the_local_machines_gpus_to_a_group_that_declares_no_capacity(store: Any) -> None:
+    s: SchedulerStore = store
+    await store.put_model(model("chat", shared="card"), NOW)
+    await store.put_gpugroup(declaration("sized", capacity={"devices": 1, "memoryPerDevice": "8Gi"}), NOW)
+    assert await s.record_gpu_inventory(backend="local", actuator="a1", device_memory=[24 << 30, 16 << 30], when=NOW)
+    assert not await s.record_gpu_inventory(
+        backend="local", actuator="a2", device_memory=[24 << 30, 16 << 30], when=NOW
+    ), "the same devices again: nothing changed"
+    world, _ = await s.load_world(NOW, WINDOW)
+    card, sized = world.group("card"), world.group("sized")
+    assert card is not None and card.capacity is not None
+    assert (card.capacity.devices, card.capacity.memory_per_device) == (2, 16 << 30)
+    assert sized is not None and sized.capacity is not None and sized.capacity.memory_per_device == 8 << 30
+    assert await s.record_gpu_inventory(backend="local", actuator="a3", device_memory=[], when=NOW)
+    world, _ = await s.load_world(NOW, WINDOW)
+    assert world.group("card").capacity is None  # type: ignore[union-attr]

@@ -58,9 +58,10 @@ class GroupMember(_Body):
 
 class MemberMemory(_Body):
     bytes: int
-    source: Literal["declared", "estimated", "whole-device"] = Field(
+    source: Literal["declared", "estimated", "measured", "whole-device"] = Field(
         description="declared (spec.gpu.memory), estimated (from the size of local weights at spec.source: 1.2 x "
-        "the weights + 512 MiB), or whole-device (neither: the model takes a device)"
+        "the weights + 512 MiB), measured (local mode with a GPU: it was measured to hold more than either), or "
+        "whole-device (neither: the model takes a device)"
     )
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, event, text
+from sqlalchemy import BigInteger, CheckConstraint, DateTime, Index, Integer, String, Text, event, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -80,6 +80,22 @@ class ModelRow(Base):
     # in group_name, left out of its election, until it is confirmed parked there, and then moves (never two groups
     # scheduling one loaded model)
     moving_to: Mapped[str | None] = mapped_column(String(253))
+    # local mode with a GPU: the GPU memory the model's processes held when last measured (bytes, on the device where
+    # they hold most): status.memory shows it, and fitting uses it where it exceeds the declared or estimated figure
+    measured_memory: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class GpuInventoryRow(Base):
+    """The GPU devices an actuator of ``backend`` found on its machine when it started (local mode: NVML or
+    amdsmi): a v1alpha2 shared group without a declared ``spec.capacity`` gets this capacity. No row: no GPU seen."""
+
+    __tablename__ = "gpu_inventory"
+
+    backend: Mapped[str] = mapped_column(String(32), primary_key=True)
+    devices: Mapped[int] = mapped_column(Integer)
+    memory_per_device: Mapped[int] = mapped_column(BigInteger)
+    actuator: Mapped[str] = mapped_column(Text, default="", server_default="")
+    reported_at: Mapped[datetime]
 
 
 class CommandGenerationRow(Base):

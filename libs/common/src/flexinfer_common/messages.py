@@ -200,6 +200,14 @@ class RuntimeStatus(Message):
     time: UtcDateTime
     actuator: Origin = ""
     pid: int | None = None
+    gpu_memory: int | None = Field(
+        None,
+        ge=0,
+        description="Local mode on a machine with a GPU (NVML or amdsmi): the GPU memory the model's process and its "
+        "children hold, in bytes, on the device where they hold most; measured when it becomes Ready and again while "
+        "it runs. None: not measured",
+        examples=[6_442_450_944],
+    )
 
 
 class ActuatorHello(Message):
@@ -210,6 +218,13 @@ class ActuatorHello(Message):
     actuator: Origin
     backend: str
     time: UtcDateTime
+    gpu_devices: list[int] = Field(
+        default_factory=list,
+        description="Local mode: the total memory of each GPU device of this machine in bytes, by index, as NVML or "
+        "amdsmi reports it (empty: no GPU). A v1alpha2 shared group without a declared spec.capacity gets this "
+        "capacity: as many devices, each of the smallest one's memory",
+        examples=[[25_769_803_776]],
+    )
 
 
 class SharedGroupStatus(BaseModel):
@@ -227,7 +242,8 @@ class MemoryStatus(BaseModel):
 
     bytes: int = Field(ge=0)
     source: Literal["declared", "estimated", "measured"] = Field(
-        description="declared (spec.gpu.memory) or estimated (from the size of local weights at spec.source)"
+        description="declared (spec.gpu.memory), estimated (from the size of local weights at spec.source) or "
+        "measured (local mode with a GPU: what its processes held when last measured)"
     )
 
 
@@ -408,11 +424,13 @@ class LeaseEvent(Message):
 class ModelEvent(Message):
     """A model's phase or shared-group state changed, or (``model.crashed``) its server died after it was Ready
     and is started again after the back-off: ``status.message`` says why (the exit reason the actuator reported),
-    ``restarts`` how many times so far (observers only)."""
+    ``restarts`` how many times so far, or (``model.memory``, a warning) it was measured to hold more GPU memory than
+    it declares (or than its estimate): ``status.memory`` is the measured figure, which fitting uses from then on,
+    and ``status.message`` names both (observers only)."""
 
     SUBJECT: ClassVar[str] = "flexinfer.events.model.<group>"
 
-    kind: Literal["model.status", "model.crashed"] = "model.status"
+    kind: Literal["model.status", "model.crashed", "model.memory"] = "model.status"
     namespace: Name
     model: Name
     group: str | None = None

@@ -58,6 +58,7 @@ class StatusPublisher:
             endpoint=observation.endpoint,
             message=observation.message,
             pid=observation.pid,
+            gpu_memory=observation.memory,
             time=self._clock.now(),
             actuator=self._actuator,
         )
@@ -121,8 +122,11 @@ class Actuator:
         instance: str,
         clock: Clock,
         drain_timeout: float = 15.0,
+        gpu_devices: tuple[int, ...] = (),
     ) -> None:
+        """``gpu_devices``: the total memory of each GPU device of this machine (local mode; said in the hello)."""
         self.bus = bus
+        self.gpu_devices = gpu_devices
         self.scaler = scaler
         self.statuses = statuses
         self.instance = instance
@@ -152,7 +156,9 @@ class Actuator:
         await consumer.start()
         self._consumer = consumer
         now = self.clock.now()
-        hello = ActuatorHello(actuator=self.instance, backend=self.scaler.backend, time=now)
+        hello = ActuatorHello(
+            actuator=self.instance, backend=self.scaler.backend, time=now, gpu_devices=list(self.gpu_devices)
+        )
         await self.bus.publish(subjects.actuator_hello_subject(self.instance), hello, msg_id=message_id(self.instance))
         log.info("actuator consuming commands", extra={"actuator": self.instance, "backend": self.scaler.backend})
 

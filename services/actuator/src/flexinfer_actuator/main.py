@@ -15,6 +15,7 @@ import socket
 import sys
 
 from flexinfer_actuator import __version__
+from flexinfer_actuator.adapters.gpu import open_gpu_memory
 from flexinfer_actuator.adapters.local import LocalProcessScaler
 from flexinfer_actuator.api import build_app
 from flexinfer_actuator.kubernetes_mode import KubernetesMode
@@ -66,7 +67,9 @@ async def _serve_local(
     settings: ActuatorSettings, stop: asyncio.Event, *, bus: Bus, statuses: StatusPublisher, instance: str
 ) -> None:
     clock = SystemClock()
-    scaler = LocalProcessScaler.from_settings(settings, on_status=statuses.report)
+    gpu = open_gpu_memory()
+    devices = tuple(d.total_bytes for d in gpu.devices())
+    scaler = LocalProcessScaler.from_settings(settings, on_status=statuses.report, gpu=gpu)
     actuator = Actuator(
         bus=bus,
         scaler=scaler,
@@ -74,6 +77,7 @@ async def _serve_local(
         instance=instance,
         clock=clock,
         drain_timeout=settings.park_grace_period.total_seconds() + 5.0,
+        gpu_devices=devices,
     )
 
     async def readiness() -> dict[str, bool]:

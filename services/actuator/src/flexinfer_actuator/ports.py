@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from flexinfer_actuator.domain.gpu_memory import GpuDevice, ProcessMemory
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo
 from flexinfer_common.messages import RuntimeSpec
 
@@ -37,3 +38,20 @@ class Scaler(Protocol):
     async def close(self) -> None:
         """Stop every runtime this back-end started (actuator shutdown)."""
         ...
+
+
+class GpuMemory(Protocol):
+    """GPU memory per process and the devices' total memory, as this machine's driver reports them (NVML, amdsmi;
+    the null one on a machine without a GPU). Calls are blocking (the driver's library): run them off the loop."""
+
+    name: str
+
+    def devices(self) -> list[GpuDevice]:
+        """This machine's devices, by index (empty: no GPU)."""
+        ...
+
+    def processes(self) -> list[ProcessMemory]:
+        """Every process using a device now and what it holds there."""
+        ...
+
+    def close(self) -> None: ...

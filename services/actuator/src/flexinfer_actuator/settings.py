@@ -57,6 +57,9 @@ class ActuatorSettings(KubernetesSettings):
     """``FLEXINFER_FLASH_LOADER_IMAGE``: the image with ``flexinfer-flash-loader`` (the actuator's own)."""
     flash_loader_command: CommaList = ("flexinfer-flash-loader",)
     """``FLEXINFER_FLASH_LOADER_COMMAND``: its command, comma-separated."""
+    gpu_memory_interval: Duration = timedelta(seconds=30)
+    """``FLEXINFER_GPU_MEMORY_INTERVAL``: local mode on a machine with a GPU (NVML or amdsmi): how often the GPU
+    memory of each Ready model's processes is measured again (a changed figure is reported to the scheduler)."""
     model_termination_grace: Duration = timedelta(seconds=30)
     """``FLEXINFER_MODEL_TERMINATION_GRACE``: a rendered Pod's terminationGracePeriodSeconds."""
     model_node_selector: dict[str, str] = {}

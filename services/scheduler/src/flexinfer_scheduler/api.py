@@ -38,7 +38,7 @@ def model_json(row: ModelRow, facts: SpecFacts) -> dict[str, Any]:
     placed = decode_placement(row.placement) if not row_parked(row) else None
     status = status.model_copy(
         update={
-            "memory": memory_status(facts.memory, estimated=facts.memory_estimated),
+            "memory": memory_status(facts.memory, estimated=facts.memory_estimated, measured=row.measured_memory),
             "placement": PlacementStatus(devices=list(placed)) if placed is not None else None,
         }
     )
@@ -310,7 +310,12 @@ def group_json(
 
 def _memory_view(member: Member, capacity: Capacity) -> dict[str, Any]:
     """A member's memory in a group with a capacity: what it holds when loaded, and where it is placed."""
-    source = "whole-device" if member.memory is None else "estimated" if member.memory_estimated else "declared"
+    if member.memory is None:
+        source = "whole-device"
+    elif member.memory_measured is not None and member.memory == member.memory_measured:
+        source = "measured"  # it was measured to hold more than it declares (or than its estimate)
+    else:
+        source = "estimated" if member.memory_estimated else "declared"
     placed = member.placement is not None and not (member.parked and member.evicting_since is None)
     return {
         "memory": {"bytes": memory_of(member, capacity), "source": source},

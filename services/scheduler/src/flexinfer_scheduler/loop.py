@@ -31,6 +31,7 @@ from flexinfer_common.messages import (
     ActuatorHello,
     Demand,
     InFlightReport,
+    MemoryStatus,
     ModelEvent,
     ModelStatus,
     RuntimeStatus,
@@ -39,6 +40,7 @@ from flexinfer_common.messages import (
 )
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.manifests import visible_group
+from flexinfer_scheduler.domain.model import memory_exceeded
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
 from flexinfer_scheduler.metrics import (
     ELECTION_DURATION,
@@ -48,7 +50,15 @@ from flexinfer_scheduler.metrics import (
     GroupGauges,
     group_view,
 )
-from flexinfer_scheduler.ports import LeaderLock, SchedulerBus, SchedulerStore, Stoppable, World
+from flexinfer_scheduler.ports import (
+    LOCAL_BACKEND,
+    LeaderLock,
+    MeasuredMemory,
+    SchedulerBus,
+    SchedulerStore,
+    Stoppable,
+    World,
+)
 from flexinfer_scheduler.publishing import PassPublisher
 from flexinfer_scheduler.settings import SchedulerSettings
 from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
@@ -298,9 +308,42 @@ class Scheduler:
             when=status.time,
         )
         if group is not None:
+            if status.gpu_memory is not None:
+                await self._record_measured_memory(status, status.gpu_memory)
             self.kick(group)
         else:
             log.debug("stale runtime status ignored", extra={"model": f"{status.namespace}/{status.model}"})
+
+    async def _record_measured_memory(self, status: RuntimeStatus, measured: int) -> None:
+        """Keep what the model was measured to hold (status.memory; fitting counts it where it exceeds the declared
+        or estimated figure), and warn once when it newly exceeds that figure."""
+        found = await self.store.record_measured_memory(
+            namespace=status.namespace, name=status.model, measured=measured
+        )
+        if found is None or found.previous == measured:
+            return
+        if memory_exceeded(found.reference, measured, found.previous):
+            await self._warn_memory(status, measured, found)
+
+    async def _warn_memory(self, status: RuntimeStatus, measured: int, found: MeasuredMemory) -> None:
+        model = f"{status.namespace}/{status.model}"
+        message = (
+            f"measured {measured} bytes of GPU memory, more than its {found.source} {found.reference} bytes: "
+            "fitting counts the measured figure"
+        )
+        log.warning("model holds more GPU memory than it declares", extra={"model": model, "detail": message})
+        event = ModelEvent(
+            kind="model.memory",
+            namespace=status.namespace,
+            model=status.model,
+            group=visible_group(found.group) if found.group else None,
+            status=ModelStatus(
+                phase=ModelPhase.READY, message=message, memory=MemoryStatus(bytes=measured, source="measured")
+            ),
+            time=status.time,
+        )
+        subject = subjects.event_subject("model", found.group or "none")
+        await self.publisher.publish_all([(subject, event, f"memory:{model}:{status.generation}:{measured}")])
 
     async def _announce_crash(self, status: RuntimeStatus, *, restarts: int, group: str | None) -> None:
         """A model that was Ready crashed: an event with the exit reason and a metric (the restart follows from the
@@ -332,6 +375,16 @@ class Scheduler:
     async def on_actuator_hello(self, hello: ActuatorHello, _: Delivery) -> None:
         count = await self.store.forget_runtime()
         log.info("actuator started; re-issuing commands", extra={"actuator": hello.actuator, "models": count})
+        if hello.backend == LOCAL_BACKEND:
+            # its machine's GPUs (none: no GPU there) are the capacity of the groups that declare none
+            changed = await self.store.record_gpu_inventory(
+                backend=hello.backend, actuator=hello.actuator, device_memory=hello.gpu_devices, when=hello.time
+            )
+            if changed:
+                log.info(
+                    "GPU devices discovered by the local actuator",
+                    extra={"actuator": hello.actuator, "devices": len(hello.gpu_devices)},
+                )
         self.kick()
 
     # ---- one pass ----------------------------------------------------------------------------------------

@@ -156,6 +156,26 @@ class MembershipChangeRefused(GroupChangeRefused):
         )
 
 
+#: The actuator back-end whose GPUs are discovered (NVML, amdsmi on its machine): a v1alpha2 shared group that declares
+#: no ``spec.capacity`` gets their capacity. A Kubernetes actuator runs beside, not on, the GPU nodes.
+LOCAL_BACKEND = "local"
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """What ``record_measured_memory`` found: the model's group, the figure it replaced, and the declared or
+    estimated one (``reference``; None: neither, the model takes a whole device)."""
+
+    group: str | None
+    previous: int | None
+    reference: int | None
+    estimated: bool
+
+    @property
+    def source(self) -> str:
+        return "estimated" if self.estimated else "declared"
+
+
 class SchedulerStore(Protocol):
     """The scheduler's state: the only writer of groups, models and swaps."""
 
@@ -192,6 +212,18 @@ class SchedulerStore(Protocol):
         message: str,
         when: datetime,
     ) -> str | None: ...
+
+    async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:
+        """Store what a model was measured to hold on the GPU (written only when it changed); None: no such
+        model."""
+        ...
+
+    async def record_gpu_inventory(
+        self, *, backend: str, actuator: str, device_memory: Sequence[int], when: datetime
+    ) -> bool:
+        """Store the GPUs an actuator of ``backend`` found (each device's total memory; none: forget them).
+        True when the discovered capacity changed."""
+        ...
 
     async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
         """A Failed report for ``generation``: when it ends a runtime that was Ready for the current activate, count

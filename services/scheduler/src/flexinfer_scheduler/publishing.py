@@ -285,6 +285,7 @@ class PassPublisher:
             member.observed_generation,
             member.memory,
             member.memory_estimated,
+            member.memory_measured,
             placement,
         )
         if self._statuses.get(key) == fields:
@@ -300,7 +301,7 @@ class PassPublisher:
                 preempted_by=view.preempted_by,
                 message=view.message,
                 observed_generation=member.observed_generation,
-                memory=memory_status(member.memory, estimated=member.memory_estimated),
+                memory=memory_status(member.memory, estimated=member.memory_estimated, measured=member.memory_measured),
                 placement=PlacementStatus(devices=list(placement)) if placement is not None else None,
             )
         return key, fields, ModelStatusUpdate(namespace=key.namespace, model=key.name, status=status, time=now)
@@ -375,6 +376,9 @@ def _failed(key: ModelKey, exc: BaseException) -> dict[str, str]:
     return {"model": f"{key.namespace}/{key.name}", "error": repr(exc)}
 
 
-def memory_status(memory: int | None, *, estimated: bool) -> MemoryStatus | None:
-    """A model's ``status.memory``: its declared or estimated memory (none: it would take a whole device)."""
+def memory_status(memory: int | None, *, estimated: bool, measured: int | None = None) -> MemoryStatus | None:
+    """A model's ``status.memory``: what it was measured to hold when it was (local mode with a GPU; fitting may
+    count more: ``fitting_memory``), else its declared or estimated memory (none: it would take a whole device)."""
+    if measured is not None:
+        return MemoryStatus(bytes=measured, source="measured")
     return MemoryStatus(bytes=memory, source="estimated" if estimated else "declared") if memory is not None else None

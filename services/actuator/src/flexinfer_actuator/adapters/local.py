@@ -37,6 +37,7 @@ from typing import BinaryIO
 
 import aiohttp
 
+from flexinfer_actuator.adapters.gpu import NullGpuMemory, process_parents
 from flexinfer_actuator.adapters.sleep_mode import SleepMode
 from flexinfer_actuator.domain.commands import (
     MISSING_COMMAND_MESSAGE,
@@ -57,6 +58,7 @@ from flexinfer_actuator.domain.commands import (
     should_report_probe,
     tail_lines,
 )
+from flexinfer_actuator.domain.gpu_memory import memory_per_device, model_memory, process_tree
 from flexinfer_actuator.domain.presets import (
     PresetError,
     choose_engine,
@@ -65,7 +67,7 @@ from flexinfer_actuator.domain.presets import (
     render_preset,
 )
 from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
-from flexinfer_actuator.ports import StatusSink
+from flexinfer_actuator.ports import GpuMemory, StatusSink
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.enums import RuntimePhase
@@ -137,6 +139,8 @@ class _Runtime:
     readiness_path: str = "/health"
     workdir: Path | None = None  # the private folder of a process run as another user (removed once it exits)
     phase: ProcessPhase = ProcessPhase.LOADING
+    ready_message: str = ""  # the message of its Ready report (a re-report with a new measurement keeps it)
+    memory: int | None = None  # the GPU memory last measured (bytes), reported with Ready
     returncode: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     watcher: asyncio.Task[None] | None = None
@@ -184,8 +188,12 @@ class LocalProcessScaler:
         local_engines: Mapping[str, str] | None = None,
         run_as: str | None = None,
         clock: Clock | None = None,
+        gpu: GpuMemory | None = None,
+        gpu_memory_interval: timedelta = timedelta(seconds=30),
     ) -> None:
-        """``run_as``: the user model processes run as when we run as root (None or ``root``: as we run)."""
+        """``run_as``: the user model processes run as when we run as root (None or ``root``: as we run).
+        ``gpu``: measures what each Ready model's processes hold on the GPU (None: no GPU, nothing measured), when
+        it becomes Ready and every ``gpu_memory_interval`` while it runs (a changed figure is re-reported)."""
         self.logs_dir = Path(state_dir).absolute() / "logs"
         self._on_status = on_status
         self._probe_interval = readiness_probe_interval.total_seconds()
@@ -201,9 +209,14 @@ class LocalProcessScaler:
         self._watchers: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._sleep_mode = SleepMode(timeout=self._load_timeout)
+        self._gpu: GpuMemory = gpu or NullGpuMemory()
+        self._gpu_interval = gpu_memory_interval.total_seconds()
+        self._measurer: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_settings(cls, settings: ActuatorSettings, *, on_status: StatusSink) -> LocalProcessScaler:
+    def from_settings(
+        cls, settings: ActuatorSettings, *, on_status: StatusSink, gpu: GpuMemory | None = None
+    ) -> LocalProcessScaler:
         return cls(
             state_dir=settings.state_dir,
             on_status=on_status,
@@ -214,6 +227,8 @@ class LocalProcessScaler:
             local_env=settings.local_env,
             local_engines=settings.local_engines,
             run_as=settings.local_run_as,
+            gpu=gpu,
+            gpu_memory_interval=settings.gpu_memory_interval,
         )
 
     # ------------------------------------------------------------------ the Scaler protocol
@@ -242,7 +257,7 @@ class LocalProcessScaler:
         if plan is ActivatePlan.KEEP_LOADING:
             await self._emit(runtime, RuntimePhase.LOADING)
         elif plan is ActivatePlan.REPORT_READY:
-            await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint)
+            await self._emit_ready(runtime)
         else:
             await self._wake(runtime, spec)
 
@@ -293,6 +308,11 @@ class LocalProcessScaler:
 
     async def close(self) -> None:
         """Stop every model process (SIGTERM, grace, SIGKILL) and report each Parked."""
+        if self._measurer is not None:
+            self._measurer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._measurer
+            self._measurer = None
         runtimes = list(self._runtimes.values())
         for runtime in runtimes:
             runtime.phase = ProcessPhase.STOPPING
@@ -309,6 +329,47 @@ class LocalProcessScaler:
             await self._http.close()
             self._http = None
         await self._sleep_mode.close()
+        with contextlib.suppress(Exception):  # the driver's shutdown: nothing to do about a failure on the way out
+            self._gpu.close()
+
+    # ------------------------------------------------------------------ GPU memory
+
+    async def measure(self) -> None:
+        """Measure every Ready model's GPU memory and re-report Ready for each whose figure changed."""
+        for runtime in [r for r in self._runtimes.values() if r.phase is ProcessPhase.READY]:
+            memory = await self._measure(runtime)
+            if memory != runtime.memory and runtime.phase is ProcessPhase.READY and not runtime.exited.is_set():
+                await self._emit_ready(runtime, memory=memory)
+
+    async def _measure(self, runtime: _Runtime) -> int | None:
+        """What the model's process tree holds on its busiest device now (None: nothing measured)."""
+        if isinstance(self._gpu, NullGpuMemory):
+            return None
+        try:
+            usage, parents = await asyncio.to_thread(lambda: (self._gpu.processes(), process_parents()))
+        except Exception as exc:  # a driver error must not fail the model
+            log.warning("could not measure GPU memory", extra={**runtime.where, "error": repr(exc)})
+            return runtime.memory
+        return model_memory(memory_per_device(usage, process_tree(runtime.pid, parents)))
+
+    async def _measure_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._gpu_interval)
+            try:
+                await self.measure()
+            except Exception:
+                log.exception("GPU memory measurement failed")
+
+    async def _emit_ready(self, runtime: _Runtime, *, memory: int | None = None, message: str | None = None) -> None:
+        """Report Ready with the GPU memory measured (``memory``, else measured now)."""
+        if message is not None:
+            runtime.ready_message = message
+        runtime.memory = memory if memory is not None else await self._measure(runtime)
+        if self._measurer is None and self._gpu_interval > 0 and not isinstance(self._gpu, NullGpuMemory):
+            self._measurer = asyncio.create_task(self._measure_periodically(), name="gpu-memory")
+        await self._emit(
+            runtime, RuntimePhase.READY, endpoint=runtime.endpoint, message=runtime.ready_message, memory=runtime.memory
+        )
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -501,7 +562,7 @@ class LocalProcessScaler:
             return
         runtime.phase = ProcessPhase.READY
         log.info("model ready", extra={**runtime.where, "endpoint": runtime.endpoint, "probes": tries})
-        await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint)
+        await self._emit_ready(runtime, message="")
 
     async def _wake(self, runtime: _Runtime, spec: RuntimeSpec) -> None:
         """Wake a sleeping server and probe it again; start afresh when it cannot be woken."""
@@ -511,7 +572,7 @@ class LocalProcessScaler:
             # wake_up's answer is the readiness signal: no waiting for the next probe.
             runtime.phase = ProcessPhase.READY
             log.info("model woken", extra={**runtime.where, "endpoint": runtime.endpoint})
-            await self._emit(runtime, RuntimePhase.READY, endpoint=runtime.endpoint, message=WOKEN)
+            await self._emit_ready(runtime, message=WOKEN)
             return
         log.warning("wake_up failed; starting the model afresh", extra=runtime.where)
         await self._stop(runtime)
@@ -577,6 +638,7 @@ class LocalProcessScaler:
         endpoint: str | None = None,
         message: str = "",
         with_pid: bool = True,
+        memory: int | None = None,
     ) -> None:
         """Report ``phase`` for this process, stamped with the generation it answers now."""
         await self._report(
@@ -588,6 +650,7 @@ class LocalProcessScaler:
                 endpoint=endpoint,
                 message=message,
                 pid=runtime.pid if with_pid else None,
+                memory=memory,
             )
         )
 

@@ -47,3 +47,4 @@ class Observation:
     endpoint: str | None = None
     message: str = ""
     pid: int | None = None
+    memory: int | None = None  # the GPU memory its processes hold on the device where they hold most (measured)

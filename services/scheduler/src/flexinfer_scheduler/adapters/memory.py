@@ -33,15 +33,17 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts, membership, place
-from flexinfer_scheduler.domain.model import Lease, Member
+from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts, discovered_capacity, membership, place
+from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
     API_ORIGIN,
+    LOCAL_BACKEND,
     Decoder,
     GroupChangeRefused,
     Handler,
     M,
+    MeasuredMemory,
     MembershipChangeRefused,
     Origin,
     StoredStatus,
@@ -82,6 +84,7 @@ class MemoryStore:
         self._seen: dict[str, datetime] = {}
         self._facts: dict[ModelKey, tuple[int, SpecFacts]] = {}
         self.command_generations: dict[ModelKey, int] = {}  # what outlives a deleted model's row
+        self.discovered: dict[str, Capacity] = {}  # backend -> the capacity of the GPUs its actuator found
 
     def _spec(self, row: ModelRow) -> SpecFacts:
         key = ModelKey(row.namespace, row.name)
@@ -128,7 +131,14 @@ class MemoryStore:
             lease = self.leases.get(name)
             live = lease if lease is not None and lease.expires_at > now else None
             snapshots.append(
-                group_snapshot(name, by_group.get(name, []), self.groups.get(name), active_swaps.get(name), live)
+                group_snapshot(
+                    name,
+                    by_group.get(name, []),
+                    self.groups.get(name),
+                    active_swaps.get(name),
+                    live,
+                    self.discovered.get(LOCAL_BACKEND),
+                )
             )
         if self.lease_error is not None:
             snapshots = [dataclasses.replace(s, lease=None) for s in snapshots]
@@ -219,6 +229,25 @@ class MemoryStore:
         row.runtime_phase, row.runtime_generation, row.runtime_updated_at = phase, generation, when
         row.endpoint, row.runtime_message = endpoint, message
         return row.group_name
+
+    async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:
+        row = self.models.get(ModelKey(namespace, name))
+        if row is None:
+            return None
+        facts = self._spec(row)
+        found = MeasuredMemory(row.group_name, row.measured_memory, facts.memory, facts.memory_estimated)
+        row.measured_memory = measured
+        return found
+
+    async def record_gpu_inventory(
+        self, *, backend: str, actuator: str, device_memory: Sequence[int], when: datetime
+    ) -> bool:
+        capacity, before = discovered_capacity(device_memory), self.discovered.get(backend)
+        if capacity is None:
+            self.discovered.pop(backend, None)
+        else:
+            self.discovered[backend] = capacity
+        return before != capacity
 
     async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
         row = self.models.get(ModelKey(namespace, name))

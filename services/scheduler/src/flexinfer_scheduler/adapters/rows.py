@@ -30,7 +30,15 @@ from flexinfer_common.enums import GroupPolicy, ScaleAction, SchedulingPolicy, S
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import GPUGroup
 from flexinfer_scheduler.domain.manifests import SpecFacts, declared_capacity
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, Swap, V1Alpha1Policy
+from flexinfer_scheduler.domain.model import (
+    Capacity,
+    GroupSnapshot,
+    Lease,
+    Member,
+    Swap,
+    V1Alpha1Policy,
+    fitting_memory,
+)
 from flexinfer_scheduler.ports import (
     API_ORIGIN,
     StoredStatus,
@@ -99,6 +107,7 @@ MEMBER_COLUMNS = (
     "placement",
     "evicting_since",
     "moving_to",
+    "measured_memory",
 )
 MEMBER_NAMESPACE, MEMBER_NAME, MEMBER_GROUP, MEMBER_GENERATION = range(4)
 _STATUS = slice(4, 9)
@@ -207,6 +216,7 @@ def member_from_row(values: Sequence[Any], facts: SpecFacts) -> Member:
         placement,
         evicting_since,
         moving_to,
+        measured_memory,
         queued,
         in_flight,
     ) = values
@@ -236,8 +246,9 @@ def member_from_row(values: Sequence[Any], facts: SpecFacts) -> Member:
             "queued": int(queued),
             "in_flight": int(in_flight),
             "max_wait": facts.max_wait,
-            "memory": facts.memory,
+            "memory": fitting_memory(facts.memory, measured_memory),
             "memory_estimated": facts.memory_estimated,
+            "memory_measured": measured_memory,
             "devices": facts.devices,
             "pinned": facts.pinned,
             "service_labels": facts.service_labels,
@@ -267,17 +278,28 @@ def swap_from_row(row: Any) -> Swap:
     )
 
 
-def group_snapshot(name: str, members: list[Member], group: Any, swap: Any, lease: Lease | None) -> GroupSnapshot:
+def group_snapshot(
+    name: str,
+    members: list[Member],
+    group: Any,
+    swap: Any,
+    lease: Lease | None,
+    discovered: Capacity | None = None,
+) -> GroupSnapshot:
     """A group as the election sees it, from its rows (a group without a row is a v1alpha2 one not elected yet):
-    ``group`` and ``swap`` are ORM rows or Core rows with their columns, or None."""
+    ``group`` and ``swap`` are ORM rows or Core rows with their columns, or None. ``discovered``: the capacity the
+    local actuator found (its GPUs), for a v1alpha2 group that declares none."""
     policy = GroupPolicy(group.policy) if group else GroupPolicy.V1ALPHA2
+    capacity = None
+    if policy is GroupPolicy.V1ALPHA2:
+        capacity = (declared_capacity(group.manifest) if group else None) or discovered
     return GroupSnapshot(
         name=name,
         members=tuple(members),
         policy=policy,
         v1alpha1=v1alpha1_policy(group.manifest) if group and policy == GroupPolicy.V1ALPHA1 else None,
         scheduling=declared_scheduling(group.manifest) if group else None,
-        capacity=declared_capacity(group.manifest) if group and policy is GroupPolicy.V1ALPHA2 else None,
+        capacity=capacity,
         active=ModelKey(group.active_namespace, group.active_name)
         if group and group.active_name and group.active_namespace
         else None,

@@ -38,6 +38,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from flexinfer_common.db import (
     DemandSignalRow,
+    GpuInventoryRow,
     GroupRow,
     InFlightRow,
     LeaseRow,
@@ -67,10 +68,12 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import SpecFacts
-from flexinfer_scheduler.domain.model import Lease, Member
+from flexinfer_scheduler.domain.manifests import SpecFacts, discovered_capacity
+from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
+    LOCAL_BACKEND,
+    MeasuredMemory,
     StoredStatus,
     World,
     changes_of,
@@ -119,6 +122,11 @@ def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
         group_query = group_query.where(GroupRow.name.in_(bindparam("names", expanding=True)))
     return model_query, group_query
 
+
+# The capacity the local actuator discovered (its GPUs), for the v1alpha2 groups that declare none.
+_DISCOVERED = select(GpuInventoryRow.devices, GpuInventoryRow.memory_per_device).where(
+    GpuInventoryRow.backend == LOCAL_BACKEND
+)
 
 _ALL_GROUPS = union(
     select(ModelRow.group_name.label("name")).where(ModelRow.group_name.is_not(None)), select(GroupRow.name)
@@ -343,9 +351,11 @@ class Store(ManifestStore):
                 await self._load_specs(session, rows, sorted(groups_only) if groups_only is not None else None)
                 return rows
 
-        async def read_groups() -> list[Any]:
+        async def read_groups() -> tuple[list[Any], Capacity | None]:
             async with autocommit(self.sessions) as session:
-                return list((await session.execute(group_query, group_params)).all())
+                rows = list((await session.execute(group_query, group_params)).all())
+                found = (await session.execute(_DISCOVERED)).first()
+                return rows, Capacity(found[0], found[1]) if found is not None else None
 
         async def read_leases() -> dict[str, Lease] | None:
             try:
@@ -358,7 +368,9 @@ class Store(ManifestStore):
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # (the database is gone, most likely: the others failed alike)
-        rows, group_rows, read = cast(tuple[list[Any], list[Any], dict[str, Lease] | None], tuple(results))
+        rows, (group_rows, discovered), read = cast(
+            tuple[list[Any], tuple[list[Any], Capacity | None], dict[str, Lease] | None], tuple(results)
+        )
         leases, leases_ok = (read, True) if read is not None else ({}, False)
         groups: dict[str, Any] = {}
         swaps: dict[str, Any] = {}
@@ -385,7 +397,9 @@ class Store(ManifestStore):
             for key in set(cache) - set(statuses):  # deleted models
                 del cache[key]
         snapshots = [
-            group_snapshot(name, by_group.get(name, []), groups.get(name), swaps.get(name), leases.get(name))
+            group_snapshot(
+                name, by_group.get(name, []), groups.get(name), swaps.get(name), leases.get(name), discovered
+            )
             for name in sorted(set(by_group) | set(groups))
         ]
         if groups_only is None:
@@ -544,6 +558,42 @@ class Store(ManifestStore):
                 },
             )
             return group
+
+    async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:
+        async with self.sessions.begin() as session:
+            row = await session.get(ModelRow, (namespace, name), with_for_update=True)
+            if row is None:
+                return None
+            facts = self.facts(row)
+            found = MeasuredMemory(row.group_name, row.measured_memory, facts.memory, facts.memory_estimated)
+            if row.measured_memory != measured:
+                row.measured_memory = measured
+            return found
+
+    async def record_gpu_inventory(
+        self, *, backend: str, actuator: str, device_memory: Sequence[int], when: datetime
+    ) -> bool:
+        capacity = discovered_capacity(device_memory)
+        async with self.sessions.begin() as session:
+            row = await session.get(GpuInventoryRow, backend, with_for_update=True)
+            before = Capacity(row.devices, row.memory_per_device) if row is not None else None
+            if capacity is None:
+                if row is not None:
+                    await session.delete(row)
+            elif row is None:
+                session.add(
+                    GpuInventoryRow(
+                        backend=backend,
+                        devices=capacity.devices,
+                        memory_per_device=capacity.memory_per_device,
+                        actuator=actuator,
+                        reported_at=when,
+                    )
+                )
+            else:
+                row.devices, row.memory_per_device = capacity.devices, capacity.memory_per_device
+                row.actuator, row.reported_at = actuator, when
+            return before != capacity
 
     async def note_crash(self, *, namespace: str, name: str, generation: int) -> tuple[int, str | None] | None:
         """See :meth:`SchedulerStore.note_crash`: one statement, before the report is recorded (so a repeat, which

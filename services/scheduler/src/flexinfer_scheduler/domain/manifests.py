@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -190,6 +190,13 @@ def _capacity(devices: object, memory: object) -> Capacity | None:
         return Capacity(devices=count, memory_per_device=parse_memory(memory)) if count >= 1 else None
     except (TypeError, ValueError):
         return None  # validated when stored: a manifest from an older version without it reads as no capacity
+
+
+def discovered_capacity(device_memory: Sequence[int]) -> Capacity | None:
+    """The capacity of this machine's GPUs as the local actuator found them (each device's total memory): as many
+    devices, each counted with the smallest one's memory (a model placed on any of them must fit). None: no GPU."""
+    sizes = [b for b in device_memory if b > 0]
+    return Capacity(devices=len(sizes), memory_per_device=min(sizes)) if sizes else None
 
 
 def declared_capacity(manifest: dict[str, Any] | None) -> Capacity | None:

@@ -56,6 +56,8 @@ class Member:
     # capacity), how many devices it needs at once, and whether it stays loaded
     memory: int | None = None
     memory_estimated: bool = False  # ``memory`` estimated from the weights' size, not declared
+    # what its processes held when last measured (local mode with a GPU); ``memory`` is this where it is larger
+    memory_measured: int | None = None
     devices: int = 1
     pinned: bool = False
     # in a group with a capacity: the devices the model was placed on when it was activated (None: not placed), and
@@ -113,6 +115,21 @@ class Member:
         if self.desired_action is None:
             return self.runtime in PARKED_RUNTIME
         return self.runtime_confirmed and self.runtime in PARKED_RUNTIME
+
+
+def fitting_memory(reference: int | None, measured: int | None) -> int | None:
+    """The memory fitting counts for a model: its declared or estimated figure (``reference``), or what it was
+    measured to hold where that is more (a smaller measurement never lowers it: the model may grow into it). A model
+    with neither takes a whole device, whatever it measured."""
+    if reference is None or measured is None:
+        return reference
+    return max(reference, measured)
+
+
+def memory_exceeded(reference: int | None, measured: int, previous: int | None) -> bool:
+    """A measurement newly above the declared or estimated figure: say so once (a warning event), not at every
+    measurement that stays above it."""
+    return reference is not None and measured > reference and (previous is None or previous <= reference)
 
 
 class _Unset(Enum):

@@ -140,7 +140,7 @@ class KubeWorld:
 
 
 def lease_status(lease: Lease) -> dict[str, Any]:
-    status = {
+    status: dict[str, Any] = {
         "acquiredAt": kube_time(lease.acquired_at),
         "expiresAt": kube_time(lease.expires_at),
         "renewTime": kube_time(lease.renew_time),

@@ -622,7 +622,9 @@ async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_relea
         status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
         assert status in (200, 201), answer
         await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
-        await system.put_model(fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"}))
+        await system.put_model(
+            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
+        )
         for name in ("small", "tuned"):
             code, _ = await chat(system.url("proxy"), name)
             assert code == 200

@@ -202,5 +202,5 @@ async def test_run_gives_the_command_the_reserved_device(
 
 def test_memory_takes_quantities_and_a_bad_one_is_a_usage_error() -> None:
     assert lease_body(group="gpu", owner="trainer", memory=parse_memory_option("4Gi"))["memory"] == 4 << 30
-    with pytest.raises(LeaseUsageError, match="^--memory: 'lots' is not a memory quantity"):
+    with pytest.raises(LeaseUsageError, match=r"^--memory: 'lots' is not a memory quantity"):
         parse_memory_option("lots")

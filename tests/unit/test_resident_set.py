@@ -294,7 +294,7 @@ def test_a_lease_with_memory_parks_only_what_must_go_on_one_device(
     card.snapshot = dataclasses.replace(card.snapshot, lease=memory_lease(gib))
     plan = card.settle(1)
     names = {m.key.name for m, _, _ in members}
-    for m, _, busy in members:
+    for m, _, _ in members:
         card.update(m.key.name, in_flight=0)  # (what was in flight finishes)
     plan = card.settle(1)
     assert names - card.loaded() == parked

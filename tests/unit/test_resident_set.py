@@ -477,14 +477,15 @@ class CapacityMachine(RuleBasedStateMachine):
     @invariant()
     def a_free_reservation_stays_free(self) -> None:
         """Once free, no pass gives the reserved bytes to a model while the same lease holds."""
-        plan, lease = self.card.plan, self.card.snapshot.lease
+        plan = self.card.plan
+        lease = plan.lease if plan is not None else None  # the lease the last pass planned for
         if plan is None or plan.reservation is None or lease is None:
             self.free_for = None
             return
-        if getattr(self, "free_for", None) == (lease.acquired_at, lease.memory, lease.expires_at):
+        planned_for = (lease.memory, lease.expires_at)
+        if getattr(self, "free_for", None) == planned_for:
             assert plan.reservation.free, "a reservation once free was taken back"
-        if plan.reservation.free:
-            self.free_for = (lease.acquired_at, lease.memory, lease.expires_at)
+        self.free_for = planned_for if plan.reservation.free else None
 
 
 TestCapacityMachine = CapacityMachine.TestCase

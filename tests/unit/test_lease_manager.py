@@ -28,6 +28,7 @@ from flexinfer_lease_manager.domain.gpulease_plan import (
     SOURCE_LABEL,
     KubePlan,
     KubeWorld,
+    lease_status,
     plan_kubernetes,
 )
 from flexinfer_lease_manager.domain.leases import (
@@ -551,6 +552,16 @@ def test_a_new_gpulease_is_acquired_when_its_group_is_free() -> None:
         600,
     )
     assert acquire.lease.acquired_at == NOW
+
+
+def test_a_gpulease_with_memory_is_acquired_with_it_and_shows_the_device_reserved() -> None:
+    obj = gpulease_obj("mine", uid="gl-9")
+    obj["spec"]["memory"] = "4Gi"
+    (acquire,) = plan(gpuleases=[obj]).acquire
+    assert acquire.lease.memory == 4 << 30
+    held = dataclasses.replace(acquire.lease, device=1)
+    assert lease_status(held)["device"] == 1
+    assert "device" not in lease_status(dataclasses.replace(held, memory=None)), "a whole-group lease has none"
 
 
 def test_gpuleases_for_a_held_group_wait_pending_and_the_oldest_goes_first() -> None:

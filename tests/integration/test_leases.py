@@ -648,6 +648,7 @@ async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_relea
         assert code == 200, "the other keeps serving while the lease holds"
         view = await system.get("scheduler", "/api/v1/groups/gpu")
         assert view["lease"]["device"] == 0 and view["lease"]["memory"] == 8 << 30 and view["state"] != "Leased"
+        assert view["election"]["reason"] != "gpu-lease", "a reservation is not a lease on the whole group"
         assert (await system.get("lease-manager", "/api/v1/leases/trainer-gpu-lease"))["device"] == 0
 
         status, _ = await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease")

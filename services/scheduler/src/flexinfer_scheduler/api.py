@@ -3,6 +3,7 @@ they decide nothing themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -287,7 +288,10 @@ def group_json(
                 **(_memory_view(member, snapshot.capacity) if snapshot.capacity is not None else {}),
             }
         )
-    election = elect(snapshot, now, scheduler.params)  # pure: why the leader leads, for describe
+    # pure: why the leader leads, for describe (a lease with memory is a reservation, not a lease on the group:
+    # the planner elects as if unleased around it)
+    reserved = lease is not None and reserves_memory(lease, snapshot.capacity, now)
+    election = elect(dataclasses.replace(snapshot, lease=None) if reserved else snapshot, now, scheduler.params)
     leader = election.leader
     return {
         "name": snapshot.name,

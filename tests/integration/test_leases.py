@@ -602,3 +602,58 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_release_lets_it_back(
+    database_url: str, bus: Bus, tmp_path: Path
+) -> None:
+    """In a group with a capacity (one 24Gi device) holding two small models, a lease with ``memory: 8Gi`` parks
+    only the cheaper one (12Gi free is enough), the other keeps serving, and the release lets the parked one load
+    again beside it."""
+    recorder = Recorder()
+    await recorder.start(bus)
+    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
+        group = {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "gpu"},
+            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
+        }
+        status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
+        assert status in (200, 201), answer
+        await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
+        await system.put_model(
+            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
+        )
+        for name in ("small", "tuned"):
+            code, _ = await chat(system.url("proxy"), name)
+            assert code == 200
+        assert await running(system) == ["small", "tuned"]
+
+        # More than one device holds, or not a quantity: refused, naming memory, and nothing parks.
+        for memory, words in (("30Gi", "more than one device of group gpu holds"), ("lots", "memory")):
+            status, refused = await acquire(system, {"group": "gpu", "owner": "trainer", "memory": memory})
+            assert status == 422 and "memory" in refused["error"]["message"] and words in refused["error"]["message"]
+        assert await running(system) == ["small", "tuned"]
+
+        status, lease = await acquire(system, {"group": "gpu", "owner": "trainer", "memory": "8Gi"}, "30s")
+        assert status == 201 and lease["phase"] == "Held", lease
+        assert lease["memory"] == 8 << 30 and lease["device"] == 0, lease
+        assert await running(system) == ["tuned"], "only the cheaper model (the lower priority) went"
+        parked = await members(system)
+        assert parked["small"]["phase"] == "Preempted" and parked["small"]["preemptedBy"] == "gpu-lease/trainer"
+        assert parked["tuned"]["phase"] == "Ready"
+        assert "tuned" not in recorder.parked_at
+        code, _ = await chat(system.url("proxy"), "tuned")
+        assert code == 200, "the other keeps serving while the lease holds"
+        view = await system.get("scheduler", "/api/v1/groups/gpu")
+        assert view["lease"]["device"] == 0 and view["lease"]["memory"] == 8 << 30 and view["state"] != "Leased"
+        assert view["election"]["reason"] != "gpu-lease", "a reservation is not a lease on the whole group"
+        assert (await system.get("lease-manager", "/api/v1/leases/trainer-gpu-lease"))["device"] == 0
+
+        status, _ = await system.call("DELETE", "lease-manager", "/api/v1/leases/trainer-gpu-lease")
+        assert status == 200
+        code, _ = await asyncio.wait_for(chat(system.url("proxy"), "small"), 30)
+        assert code == 200, "released: the parked model loads again"
+        assert await running(system) == ["small", "tuned"]
+        assert "tuned" not in recorder.parked_at

@@ -14,7 +14,15 @@ import pytest
 from flexinfer_cli import gpu_lease as lease_cli
 from flexinfer_cli.client import ApiError, CliError
 from flexinfer_cli.config import Service
-from flexinfer_cli.gpu_lease import LeaseUsageError, acquire, exit_code, parse_ttl, run_with_lease
+from flexinfer_cli.gpu_lease import (
+    LeaseUsageError,
+    acquire,
+    exit_code,
+    lease_body,
+    parse_memory_option,
+    parse_ttl,
+    run_with_lease,
+)
 
 BODY = {"group": "gpu", "owner": "trainer", "ttlSeconds": 120}
 
@@ -169,3 +177,30 @@ def test_a_bad_ttl_is_a_usage_error(text: str, message: str) -> None:
 
 def test_exit_codes_follow_the_shell() -> None:
     assert (exit_code(0), exit_code(3), exit_code(-2), exit_code(-15)) == (0, 3, 130, 143)
+
+
+@pytest.mark.parametrize(
+    ("device", "seen"),
+    [
+        pytest.param(1, "1", id="memory-lease-runs-on-its-reserved-device"),
+        pytest.param(None, "unset", id="whole-group-lease-leaves-the-environment-alone"),
+    ],
+)
+async def test_run_gives_the_command_the_reserved_device(
+    device: int | None, seen: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    held = {**a_lease("Held", "parked"), "memory": 4 << 30, "device": device}
+    api = FakeLeaseApi(acquires=[held], gets=[held])
+    out = tmp_path / "seen"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
+    assert (
+        await run_with_lease(api, {**BODY, "memory": 4 << 30}, python(script), renew_every=10, echo=lambda _: None) == 0
+    )
+    assert out.read_text() == seen
+
+
+def test_memory_takes_quantities_and_a_bad_one_is_a_usage_error() -> None:
+    assert lease_body(group="gpu", owner="trainer", memory=parse_memory_option("4Gi"))["memory"] == 4 << 30
+    with pytest.raises(LeaseUsageError, match=r"^--memory: 'lots' is not a memory quantity"):
+        parse_memory_option("lots")

@@ -28,6 +28,7 @@ from flexinfer_lease_manager.domain.gpulease_plan import (
     SOURCE_LABEL,
     KubePlan,
     KubeWorld,
+    lease_status,
     plan_kubernetes,
 )
 from flexinfer_lease_manager.domain.leases import (
@@ -146,6 +147,29 @@ def test_request_problems_name_each_field(request_: LeaseRequest, problems: list
 
 
 @pytest.mark.parametrize(
+    ("memory", "per_device", "problems"),
+    [
+        pytest.param(8 << 30, 24 << 30, [], id="memory-that-fits-one-device"),
+        pytest.param(8 << 30, None, [], id="memory-in-a-group-without-a-capacity-leases-the-whole-group"),
+        pytest.param(
+            30 << 30,
+            24 << 30,
+            ["memory: 32212254720 bytes is more than one device of group gpu holds"],
+            id="memory-over-a-device-is-refused-where-the-capacity-is-known",
+        ),
+        pytest.param(0, 24 << 30, ["memory: must be a positive amount of memory"], id="memory-not-positive"),
+    ],
+)
+def test_a_lease_with_memory_must_fit_one_device_of_a_known_capacity(
+    memory: int, per_device: int | None, problems: list[str]
+) -> None:
+    found = request_problems(LeaseRequest(group="gpu", owner="trainer", memory=memory), memory_per_device=per_device)
+    assert len(found) == len(problems)
+    for message, expected in zip(found, problems, strict=True):
+        assert message.startswith(expected), message
+
+
+@pytest.mark.parametrize(
     ("owner", "name"),
     [
         pytest.param("qwen3-1p7b-lora", "qwen3-1p7b-lora-gpu-lease", id="the-seed's-name"),
@@ -214,6 +238,33 @@ def test_a_lease_is_held_only_once_every_serving_member_is_parked_for_it(
     members: list[MemberState], honoured: LeaseRef | None, verdict: ParkVerdict
 ) -> None:
     assert park_verdict(lease(), members, honoured) == verdict
+
+
+@pytest.mark.parametrize(
+    ("honoured", "verdict"),
+    [
+        pytest.param(
+            HONOURED.model_copy(update={"device": 1, "free": False}),
+            ParkVerdict(False, f"freeing {8 << 30} bytes on device 1 of group gpu", 1),
+            id="memory-reserved-not-yet-free-is-parking",
+        ),
+        pytest.param(
+            HONOURED.model_copy(update={"device": 1, "free": True}),
+            ParkVerdict(True, f"{8 << 30} bytes free on device 1 of group gpu; they are gpu-lease/trainer's", 1),
+            id="memory-free-is-held-while-other-members-serve",
+        ),
+        pytest.param(
+            HONOURED,
+            ParkVerdict(False, "waiting for a (Ready) to park"),
+            id="memory-without-a-reserved-device-is-a-whole-group-lease",
+        ),
+    ],
+)
+def test_a_lease_with_memory_is_held_once_the_scheduler_says_it_is_free(
+    honoured: LeaseRef, verdict: ParkVerdict
+) -> None:
+    members = [member("a", "Ready", None), member("b")]
+    assert park_verdict(dataclasses.replace(lease(), memory=8 << 30), members, honoured) == verdict
 
 
 def test_held_at_is_when_the_group_was_first_seen_parked() -> None:
@@ -501,6 +552,16 @@ def test_a_new_gpulease_is_acquired_when_its_group_is_free() -> None:
         600,
     )
     assert acquire.lease.acquired_at == NOW
+
+
+def test_a_gpulease_with_memory_is_acquired_with_it_and_shows_the_device_reserved() -> None:
+    obj = gpulease_obj("mine", uid="gl-9")
+    obj["spec"]["memory"] = "4Gi"
+    (acquire,) = plan(gpuleases=[obj]).acquire
+    assert acquire.lease.memory == 4 << 30
+    held = dataclasses.replace(acquire.lease, device=1)
+    assert lease_status(held)["device"] == 1
+    assert "device" not in lease_status(dataclasses.replace(held, memory=None)), "a whole-group lease has none"
 
 
 def test_gpuleases_for_a_held_group_wait_pending_and_the_oldest_goes_first() -> None:

@@ -68,6 +68,12 @@ class Card:
         self.now += timedelta(seconds=seconds)
         plan = plan_group(self.snapshot, self.now, PARAMS, command_retry=timedelta(seconds=10), new_swap_id="s")
         self.snapshot = apply_plan(self.snapshot, plan)
+        lease = self.snapshot.lease
+        if plan.reservation is not None and lease is not None and lease.device != plan.reservation.device:
+            # what the lease manager records from the group status, and the next pass reads back
+            self.snapshot = dataclasses.replace(
+                self.snapshot, lease=dataclasses.replace(lease, device=plan.reservation.device)
+            )
         for command in plan.commands:
             if command.key in self.held:
                 continue
@@ -188,6 +194,161 @@ def test_a_lease_parks_the_whole_group_and_nothing_loads_while_it_lasts() -> Non
     assert card.view("chat")[0] is ModelPhase.PREEMPTED
 
 
+# ---- a lease with memory: a reservation on one device (GPULease spec.memory) ---------------------------------------
+
+TWO = Capacity(devices=2, memory_per_device=24 * GiB)
+
+
+def memory_lease(gib: float) -> Lease:
+    return Lease("l", "gpu", "trainer", NOW + timedelta(hours=1), memory=int(gib * GiB))
+
+
+def loaded_card(capacity: Capacity | None, *members: tuple[Member, float, int]) -> Card:
+    """A card with ``members`` loaded, each (model, seconds since it was last asked, requests in flight)."""
+    card = Card(*(m for m, _, _ in members), capacity=capacity or CARD)
+    if capacity is None:
+        card.snapshot = dataclasses.replace(card.snapshot, capacity=None)
+    for m, _, _ in members:
+        card.ask(m.key.name)
+        card.settle(1)
+        card.served(m.key.name)
+    card.step(600)  # past every hold and cooldown
+    for m, idle, busy in members:
+        card.update(m.key.name, last_active_time=card.now - timedelta(seconds=idle), in_flight=busy)
+    return card
+
+
+@pytest.mark.parametrize(
+    ("capacity", "members", "gib", "parked", "device"),
+    [
+        pytest.param(
+            CARD,
+            ((model("chat", 12), 10, 0), (model("code", 6), 5, 0)),
+            4,
+            set(),
+            0,
+            id="R-free-already-nothing-parks",
+        ),
+        pytest.param(
+            CARD,
+            ((model("chat", 12), 300, 0), (model("code", 10), 5, 0)),
+            8,
+            {"chat"},
+            0,
+            id="R-evicts-the-cheapest-one-that-frees-enough",
+        ),
+        pytest.param(
+            CARD,
+            ((model("chat", 4), 300, 0), (model("code", 4), 300, 0), (model("big", 14), 5, 0)),
+            8,
+            {"chat", "code"},
+            0,
+            id="R-never-more-than-needed-two-small-before-a-recent-big-one",
+        ),
+        pytest.param(
+            CARD,
+            ((model("chat", 12), 5, 3), (model("code", 10), 5, 0)),
+            8,
+            {"code"},
+            0,
+            id="R-a-model-with-requests-in-flight-is-dearer",
+        ),
+        pytest.param(
+            TWO,
+            ((model("busy", 20), 1, 2), (model("quiet", 20), 600, 0)),
+            10,
+            {"quiet"},
+            1,
+            id="R-the-device-where-freeing-costs-least",
+        ),
+        pytest.param(
+            TWO,
+            ((model("a", 20), 600, 0), (model("b", 10), 600, 0)),
+            12,
+            set(),
+            1,
+            id="R-a-device-with-room-first",
+        ),
+        pytest.param(
+            CARD,
+            ((model("base", 20, pinned=True), 600, 0),),
+            8,
+            {"base"},
+            0,
+            id="R-a-lease-beats-a-pinned-model-as-a-whole-group-lease-does",
+        ),
+        pytest.param(
+            CARD,
+            ((model("chat", 6), 300, 0), (model("code", 5), 5, 0)),
+            30,
+            {"chat", "code"},
+            None,
+            id="R-more-than-a-device-parks-the-whole-group",
+        ),
+    ],
+)
+def test_a_lease_with_memory_parks_only_what_must_go_on_one_device(
+    capacity: Capacity, members: tuple[tuple[Member, float, int], ...], gib: float, parked: set[str], device: int | None
+) -> None:
+    card = loaded_card(capacity, *members)
+    card.snapshot = dataclasses.replace(card.snapshot, lease=memory_lease(gib))
+    plan = card.settle(1)
+    names = {m.key.name for m, _, _ in members}
+    for m, _, _ in members:
+        card.update(m.key.name, in_flight=0)  # (what was in flight finishes)
+    plan = card.settle(1)
+    assert names - card.loaded() == parked
+    for name in parked:
+        assert card.member(name).preempted_by == "gpu-lease/trainer"
+    if device is None:
+        assert plan.reservation is None and plan.lease is not None, "the whole group is leased"
+    else:
+        assert plan.reservation is not None and plan.reservation.device == device
+        assert plan.reservation.free, "free once everything that had to go is confirmed parked"
+        assert plan.lease is not None and plan.lease.name == "l"
+
+
+def test_a_lease_with_memory_in_a_group_without_a_capacity_leases_the_whole_group() -> None:
+    card = Card(model("chat", 1), model("code", 1))
+    card.snapshot = dataclasses.replace(card.snapshot, capacity=None)
+    card.ask("chat")
+    card.settle(1)
+    card.snapshot = dataclasses.replace(card.snapshot, lease=memory_lease(1))
+    plan = card.settle(1)
+    assert card.loaded() == set() and plan.reservation is None and plan.lease is not None
+
+
+def test_a_reservation_is_free_only_once_what_goes_is_confirmed_parked() -> None:
+    card = loaded_card(CARD, (model("chat", 12), 300, 0), (model("code", 10), 5, 0))
+    card.held = {key("chat")}  # a slow park
+    card.snapshot = dataclasses.replace(card.snapshot, lease=memory_lease(8))
+    plan = card.settle(1)
+    assert plan.reservation is not None and not plan.reservation.free, "chat still holds its memory"
+    assert card.view("code")[:2] == (ModelPhase.READY, SharedState.ACTIVE), "code keeps serving"
+    card.held = set()
+    plan = card.settle(15)
+    assert plan.reservation is not None and plan.reservation.free
+    assert card.loaded() == {"code"}
+
+
+def test_nothing_loads_into_a_reservation_and_a_release_lets_the_parked_model_back() -> None:
+    card = loaded_card(CARD, (model("chat", 12), 300, 0), (model("code", 10), 5, 0))
+    card.snapshot = dataclasses.replace(card.snapshot, lease=memory_lease(8))
+    card.settle(1)
+    assert card.loaded() == {"code"}
+    card.ask("chat", queued=3)
+    card.update("code", in_flight=1, last_active_time=card.now)  # code is serving: it keeps its hold
+    plan = card.settle(5)
+    assert card.loaded() == {"code"}, "chat would fit only in the reserved bytes"
+    assert card.view("chat")[1] is SharedState.QUEUED
+    assert "gpu-lease/trainer (device 0)" in card.view("chat")[2]
+    assert plan.reservation is not None and plan.reservation.free
+    card.snapshot = dataclasses.replace(card.snapshot, lease=None)
+    card.ask("chat", queued=3)
+    card.settle(1)
+    assert card.loaded() == {"chat", "code"}, "released: chat loads again, beside code"
+
+
 def test_a_model_parked_by_hand_leaves_the_card_and_the_others_stay() -> None:
     """The status page's Park (``idle_parked_at``, as its idle timeout would): the model is evicted as idle (no
     preemption), the one beside it keeps serving, and a request for it brings it back."""
@@ -280,9 +441,11 @@ class CapacityMachine(RuleBasedStateMachine):
         if m.desired_action is ScaleAction.ACTIVATE and m.runtime == RuntimePhase.READY.value:
             self.card.update(name, runtime=RuntimePhase.FAILED.value, runtime_message="exited")
 
-    @rule(on=st.booleans())
-    def lease(self, on: bool) -> None:
-        lease = Lease("l", "gpu", "trainer", self.card.now + timedelta(minutes=2)) if on else None
+    @rule(on=st.booleans(), gib=st.sampled_from([None, 3, 10, 24, 30]))
+    def lease(self, on: bool, gib: int | None) -> None:
+        """A lease on the whole group, or with memory (30 GiB: more than a device, so the whole group too)."""
+        memory = gib * GiB if gib is not None else None
+        lease = Lease("l", "gpu", "trainer", self.card.now + timedelta(minutes=2), memory=memory) if on else None
         self.card.snapshot = dataclasses.replace(self.card.snapshot, lease=lease)
 
     @rule(name=st.sampled_from(NAMES))
@@ -305,6 +468,24 @@ class CapacityMachine(RuleBasedStateMachine):
                 for device in m.placement:
                     used[device] += memory_of(m, capacity)
         assert all(u <= capacity.memory_per_device for u in used), used
+        plan = self.card.plan
+        if plan is not None and plan.reservation is not None and plan.reservation.free:
+            # the holder was told the bytes are free: they stay so, beside what is not confirmed parked
+            reserved = plan.reservation
+            assert used[reserved.device] + reserved.memory <= capacity.memory_per_device, (used, reserved)
+
+    @invariant()
+    def a_free_reservation_stays_free(self) -> None:
+        """Once free, no pass gives the reserved bytes to a model while the same lease holds."""
+        plan = self.card.plan
+        lease = plan.lease if plan is not None else None  # the lease the last pass planned for
+        if plan is None or plan.reservation is None or lease is None:
+            self.free_for = None
+            return
+        planned_for = (lease.memory, lease.expires_at)
+        if getattr(self, "free_for", None) == planned_for:
+            assert plan.reservation.free, "a reservation once free was taken back"
+        self.free_for = planned_for if plan.reservation.free else None
 
 
 TestCapacityMachine = CapacityMachine.TestCase

@@ -105,7 +105,8 @@ def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list
 
     - Model -> ``PUT scheduler /api/v1/models/{namespace}/{name}`` with the manifest (namespace filled in).
     - GPUGroup -> ``PUT scheduler /api/v1/gpugroups/{name}`` with the manifest.
-    - GPULease -> ``POST lease-manager /api/v1/leases`` with ``{name, namespace, group, owner, node?, ttlSeconds?}``.
+    - GPULease -> ``POST lease-manager /api/v1/leases`` with ``{name, namespace, group, owner, node?, ttlSeconds?,
+      memory?}``.
     - ModelCache is skipped: only the Kubernetes controller acts on it (it runs finetune Jobs).
     """
     steps: list[PlanStep] = []
@@ -145,6 +146,8 @@ def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list
                 lease["node"] = resource.spec.node
             if resource.spec.ttl_seconds is not None:
                 lease["ttlSeconds"] = resource.spec.ttl_seconds
+            if resource.spec.memory is not None:
+                lease["memory"] = resource.spec.memory
             steps.append(
                 ApiCall(
                     resource=f"gpulease/{name}",

@@ -32,6 +32,7 @@ from flexinfer_common.admin_api import Lease, LeaseAcquire
 from flexinfer_common.clock import rfc3339
 from flexinfer_common.durations import parse_duration
 from flexinfer_common.manifests import MIN_LEASE_TTL_SECONDS
+from flexinfer_common.quantity import parse_memory
 
 LEASES = "/api/v1/leases"
 RUN_TTL = timedelta(minutes=2)
@@ -75,6 +76,14 @@ def parse_ttl(text: str) -> int:
     return round(seconds)
 
 
+def parse_memory_option(text: str) -> int:
+    """``--memory``: a Kubernetes quantity (``4Gi``) or bytes."""
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise LeaseUsageError(f"--memory: {exc}") from None
+
+
 def parse_interval(text: str, option: str) -> float:
     try:
         seconds = parse_duration(text).total_seconds()
@@ -103,9 +112,12 @@ def lease_body(
     ttl_seconds: int | None = None,
     name: str | None = None,
     namespace: str | None = None,
+    memory: int | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /api/v1/leases`` (the lease manager's own request model)."""
-    request = LeaseAcquire(group=group, owner=owner, node=node, ttl_seconds=ttl_seconds, name=name, namespace=namespace)
+    request = LeaseAcquire(
+        group=group, owner=owner, node=node, ttl_seconds=ttl_seconds, name=name, namespace=namespace, memory=memory
+    )
     body: dict[str, Any] = request.model_dump(by_alias=True, exclude_none=True)
     return body
 
@@ -123,6 +135,8 @@ def lease_line(verb: str, answer: Any) -> str:
     details = [f"group {lease.group}", f"owner {lease.owner}"]
     if lease.phase is not None:
         details.append(lease.phase.value)
+    if lease.memory is not None:
+        details.append(f"{lease.memory} bytes" + (f" on device {lease.device}" if lease.device is not None else ""))
     if lease.expires_at is not None:
         details.append(f"expires {rfc3339(lease.expires_at)}")
     return f"gpulease/{lease.name} {verb} ({', '.join(details)})"
@@ -236,14 +250,16 @@ async def run_with_lease(
             lease = exc.lease
             echo(f"interrupted ({received[-1].name}) before {command[0]} started")
             return exit_code(-received[-1])
+        env = command_env(lease)
         try:
             process = await asyncio.create_subprocess_exec(
-                *command, preexec_fn=parent_death_preexec(signal.SIGTERM), process_group=0
+                *command, preexec_fn=parent_death_preexec(signal.SIGTERM), process_group=0, env=env
             )
         except OSError as exc:
             echo(f"cannot run {command[0]}: {exc.strerror or exc}")
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        echo(f"running {' '.join(command)} (pid {process.pid}) while gpulease/{lease['name']} holds the GPU")
+        where = f" (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']})" if env is not None else ""
+        echo(f"running {' '.join(command)} (pid {process.pid}) while gpulease/{lease['name']} holds the GPU{where}")
         renewer = asyncio.create_task(_keep_renewed(client, lease, body, renew_every, echo))
         try:
             returncode = await process.wait()
@@ -258,6 +274,16 @@ async def run_with_lease(
             loop.remove_signal_handler(sig)
         if lease is not None:
             await _release(client, lease, echo)
+
+
+def command_env(lease: dict[str, Any]) -> dict[str, str] | None:
+    """COMMAND's environment: for a lease with memory reserved on one device, ``CUDA_VISIBLE_DEVICES`` is that
+    device (the group's device index, as its capacity counts them), so the work lands where the memory was freed;
+    otherwise (the whole group is leased) COMMAND inherits the environment as it is."""
+    device = lease.get("device")
+    if not isinstance(device, int) or isinstance(device, bool):
+        return None
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
 
 
 def _ended(returncode: int) -> str:

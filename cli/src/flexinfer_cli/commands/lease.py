@@ -33,6 +33,14 @@ LeaseName = Annotated[
     str | None, typer.Option("--name", help="The lease's name (default <owner>-gpu-lease).", show_default=False)
 ]
 LeaseNode = Annotated[str | None, typer.Option("--node", help="The node the work runs on.", show_default=False)]
+LeaseMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--memory",
+        help="Free only this much on one device (4Gi, or bytes) in a group with a capacity; default: the whole group.",
+        show_default=False,
+    ),
+]
 
 
 def _lease_run(coro: Coroutine[Any, Any, T]) -> T:
@@ -53,6 +61,7 @@ def lease_acquire(
     node: LeaseNode = None,
     ttl: LeaseTtl = None,
     name: LeaseName = None,
+    memory: LeaseMemory = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait for the group to be free, then until its models are parked.")
     ] = False,
@@ -63,11 +72,26 @@ def lease_acquire(
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """Park the group's serving models until the lease is released or expires."""
-    from flexinfer_cli.gpu_lease import acquire, default_owner, lease_body, lease_line, parse_interval, parse_ttl
+    from flexinfer_cli.gpu_lease import (
+        acquire,
+        default_owner,
+        lease_body,
+        lease_line,
+        parse_interval,
+        parse_memory_option,
+        parse_ttl,
+    )
 
     def options() -> tuple[dict[str, Any], float | None]:
         ttl_seconds = parse_ttl(ttl) if ttl is not None else None
-        body = lease_body(group=group, owner=owner or default_owner(), node=node, ttl_seconds=ttl_seconds, name=name)
+        body = lease_body(
+            group=group,
+            owner=owner or default_owner(),
+            node=node,
+            ttl_seconds=ttl_seconds,
+            name=name,
+            memory=parse_memory_option(memory) if memory is not None else None,
+        )
         return body, parse_interval(timeout, "--timeout") if timeout is not None else None
 
     async def go() -> Any:
@@ -141,19 +165,36 @@ def lease_run(
         typer.Option("--ttl", help="The lease's TTL: if this wrapper is killed, serving is back this long after."),
     ] = "2m",
     name: LeaseName = None,
+    memory: LeaseMemory = None,
     renew_every: Annotated[
         str | None, typer.Option("--renew-every", help="How often to renew (default: a quarter of the TTL).")
     ] = None,
     lease_manager_url: LeaseManagerUrl = None,
 ) -> None:
     """Hold a lease on GROUP for the life of COMMAND: wait until the group's models are parked, run COMMAND, renew
-    the lease while it runs, release it however COMMAND ends. Exits with COMMAND's exit code."""
-    from flexinfer_cli.gpu_lease import default_owner, lease_body, parse_interval, parse_ttl, run_with_lease
+    the lease while it runs, release it however COMMAND ends. Exits with COMMAND's exit code. With --memory in a
+    group with a capacity, only what must go to free that much on one device parks, and COMMAND runs with
+    CUDA_VISIBLE_DEVICES set to that device."""
+    from flexinfer_cli.gpu_lease import (
+        default_owner,
+        lease_body,
+        parse_interval,
+        parse_memory_option,
+        parse_ttl,
+        run_with_lease,
+    )
 
     async def go() -> int:
         ttl_seconds = parse_ttl(ttl)
         every = parse_interval(renew_every, "--renew-every") if renew_every is not None else ttl_seconds / 4
-        body = lease_body(group=group, owner=owner or default_owner(), node=node, ttl_seconds=ttl_seconds, name=name)
+        body = lease_body(
+            group=group,
+            owner=owner or default_owner(),
+            node=node,
+            ttl_seconds=ttl_seconds,
+            name=name,
+            memory=parse_memory_option(memory) if memory is not None else None,
+        )
         async with AdminClient(Service.LEASE_MANAGER, url, token=admin_token()) as client:
             return await run_with_lease(
                 client, body, command, renew_every=every, echo=lambda line: typer.echo(f"flexinfer: {line}", err=True)

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flexinfer_common.enums import LeasePhase
-from flexinfer_common.manifests import MAX_DURATION_SECONDS, KubeName, Model
+from flexinfer_common.manifests import MAX_DURATION_SECONDS, KubeName, Memory, Model
 
 
 class _Body(BaseModel):
@@ -31,6 +31,10 @@ class GroupLease(_Body):
     name: str
     owner: str
     expires_at: datetime | None = Field(None, alias="expiresAt")
+    memory: int | None = Field(None, description="A lease with memory: the bytes it frees on one device")
+    device: int | None = Field(
+        None, description="A lease with memory in a group with a capacity: the device reserved for it"
+    )
 
 
 class MemberRequests(_Body):
@@ -152,6 +156,14 @@ class Lease(_Body):
     message: str = Field("", description="What it waits for, or that the group is parked")
     held_at: datetime | None = Field(None, alias="heldAt", description="When every member was first seen parked")
     source: str | None = Field(None, description="Who asked for it: api, gpulease, modelcache, job or configmap")
+    memory: int | None = Field(
+        None, description="Bytes to free on one device of a group with a capacity (None: the whole group)"
+    )
+    device: int | None = Field(
+        None,
+        description="A lease with memory: the device of the group reserved for it (its index in the group's "
+        "capacity; None: not chosen yet, or the lease holds the whole group)",
+    )
 
 
 class _Request(BaseModel):
@@ -173,6 +185,13 @@ class LeaseAcquire(_Request):
     # (the lease's own name and namespace are checked by the lease manager, code invalid_lease)
     name: str | None = Field(None, description="The lease's name; default <owner>-gpu-lease")
     namespace: str | None = Field(None, description="Where its GPULease lives in Kubernetes mode")
+    memory: Memory | None = Field(
+        None,
+        description="A Kubernetes quantity (4Gi) or bytes: in a group with a capacity, free only this much on one "
+        "device (the cheapest models to evict go); without it, or in a group without a capacity, the whole group "
+        "parks",
+        examples=["4Gi"],
+    )
 
 
 class LeaseRenewal(_Request):

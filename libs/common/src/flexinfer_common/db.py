@@ -170,6 +170,11 @@ class LeaseRow(Base):
     held_at: Mapped[datetime | None]
     # the uid of the GPULease resource that carries it (Kubernetes mode): its deletion releases the lease
     resource_uid: Mapped[str | None] = mapped_column(String(64))
+    # spec.memory: bytes to free on one device of a group with a capacity (None: the whole group is leased)
+    memory: Mapped[int | None] = mapped_column(BigInteger)
+    # the device the scheduler reserved that memory on (as its group status last said; None: none yet, or the
+    # whole group)
+    device: Mapped[int | None] = mapped_column(Integer)
 
 
 class DemandSignalRow(Base):

@@ -277,6 +277,8 @@ class GPULeaseSpec(_Spec):
     owner: str = Field(min_length=1, max_length=253, pattern=OWNER_PATTERN)
     node: KubeName | None = None
     ttl_seconds: int | None = Field(None, ge=MIN_LEASE_TTL_SECONDS, le=MAX_DURATION_SECONDS, alias="ttlSeconds")
+    # a Kubernetes quantity: free only this much on one device of a group with a capacity (None: the whole group)
+    memory: Memory | None = None
 
 
 class GPULeaseStatus(_Spec):
@@ -287,6 +289,7 @@ class GPULeaseStatus(_Spec):
     renew_time: datetime | None = Field(None, alias="renewTime")
     phase: LeasePhase | None = None
     message: str | None = None
+    device: int | None = None  # a lease with memory: the device reserved for it
 
 
 class GPULease(_Spec):

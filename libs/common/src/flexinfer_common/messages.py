@@ -306,6 +306,16 @@ class LeaseRef(BaseModel):
     name: str
     owner: str
     acquired_at: UtcDateTime | None = None
+    device: int | None = Field(
+        None,
+        description="A lease with memory in a group with a capacity: the device whose memory is reserved for it "
+        "(None: the lease holds the whole group)",
+    )
+    free: bool = Field(
+        False,
+        description="A lease with memory: the reserved memory is confirmed free on ``device`` (every model that had "
+        "to go is parked) and nothing loads into it while the lease holds",
+    )
 
 
 class GroupStatusUpdate(Message):

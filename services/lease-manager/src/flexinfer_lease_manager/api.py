@@ -48,6 +48,8 @@ def lease_body(lease: Lease) -> LeaseBody:
         message=lease.message,
         held_at=lease.held_at,
         source=lease.source.value,
+        memory=lease.memory,
+        device=lease.device,
     )
 
 
@@ -97,6 +99,7 @@ def create_app(*, manager: LeaseManager, admin_token: str | None, readiness: Rea
             ttl_seconds=body.ttl_seconds,
             name=body.name,
             namespace=body.namespace,
+            memory=body.memory,
         )
         try:
             lease = await manager.acquire(lease_request, wait=_wait(wait), client_gone=request.is_disconnected)

@@ -216,7 +216,8 @@ class LeaseManager:
     ) -> Lease:
         """Take the group (409 naming the holder when it is leased; with ``wait``, wait for it to be free), then,
         within ``wait``, wait for it to be Held."""
-        problems = request_problems(request, namespaces=self.namespaces)
+        per_device = await self.store.memory_per_device(request.group) if request.memory is not None else None
+        problems = request_problems(request, namespaces=self.namespaces, memory_per_device=per_device)
         if problems:
             raise LeaseRefused(Refusal.INVALID, "; ".join(problems))
         known = await self.store.known_groups()
@@ -238,6 +239,7 @@ class LeaseManager:
                 ttl_seconds=request.ttl_seconds or int(self.timing.default_ttl.total_seconds()),
                 source=LeaseSource.API,
                 now=now,
+                memory=request.memory,
             )
             taken, holder, lapsed = await self.store.insert(wanted, now)
             for lease in lapsed:

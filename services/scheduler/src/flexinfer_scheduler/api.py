@@ -3,6 +3,7 @@ they decide nothing themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from flexinfer_common.service import ReadinessCheck, admin_app, admin_router
 from flexinfer_scheduler.adapters.rows import row_parked
 from flexinfer_scheduler.domain.election import cooldown_remaining, elect, policy_of
 from flexinfer_scheduler.domain.manifests import SpecFacts, visible_group
-from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member
+from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member, reserves_memory
 from flexinfer_scheduler.domain.residency import device_usage, memory_of
 from flexinfer_scheduler.loop import Scheduler, model_status
 from flexinfer_scheduler.ports import API_ORIGIN, AdminStore, GroupChangeRefused, StoredStatus, decode_placement
@@ -257,8 +258,8 @@ def group_json(
 ) -> dict[str, Any]:
     lease = snapshot.lease if snapshot.lease is not None and snapshot.lease.is_active(now) else None
     active_row = statuses.get(snapshot.active) if snapshot.active else None
-    if lease is not None:
-        state = "Leased"
+    if lease is not None and not reserves_memory(lease, snapshot.capacity, now):
+        state = "Leased"  # (a lease with memory holds one device's bytes, not the group: its state is its models')
     elif snapshot.swap is not None:
         state = "Swapping"
     elif active_row is not None and active_row.phase == "Ready":
@@ -287,7 +288,10 @@ def group_json(
                 **(_memory_view(member, snapshot.capacity) if snapshot.capacity is not None else {}),
             }
         )
-    election = elect(snapshot, now, scheduler.params)  # pure: why the leader leads, for describe
+    # pure: why the leader leads, for describe (a lease with memory is a reservation, not a lease on the group:
+    # the planner elects as if unleased around it)
+    reserved = lease is not None and reserves_memory(lease, snapshot.capacity, now)
+    election = elect(dataclasses.replace(snapshot, lease=None) if reserved else snapshot, now, scheduler.params)
     leader = election.leader
     return {
         "name": snapshot.name,
@@ -302,7 +306,15 @@ def group_json(
         else None,
         "state": state,
         "cooldownRemainingSeconds": round(remaining.total_seconds(), 1),
-        "lease": {"name": lease.name, "owner": lease.owner, "expiresAt": rfc3339(lease.expires_at)} if lease else None,
+        "lease": {
+            "name": lease.name,
+            "owner": lease.owner,
+            "expiresAt": rfc3339(lease.expires_at),
+            "memory": lease.memory,
+            "device": lease.device if reserves_memory(lease, snapshot.capacity, now) else None,
+        }
+        if lease
+        else None,
         "models": members,
         **(_capacity_view(snapshot) if snapshot.capacity is not None else {}),
     }

@@ -311,7 +311,18 @@ class PassPublisher:
         if visible_group(plan.group) is None:
             return None
         queue = plan.queue
-        lease = (plan.lease.name, plan.lease.owner, plan.lease.acquired_at) if plan.lease else None
+        reserved = plan.reservation
+        lease = (
+            (
+                plan.lease.name,
+                plan.lease.owner,
+                plan.lease.acquired_at,
+                reserved.device if reserved else None,
+                reserved.free if reserved else False,
+            )
+            if plan.lease
+            else None
+        )
         fields = (plan.active, tuple(queue), lease)
         if self._group_statuses.get(plan.group) == fields:
             return None
@@ -319,7 +330,9 @@ class PassPublisher:
             group=plan.group,
             active_model=ModelRef(namespace=plan.active.namespace, name=plan.active.name) if plan.active else None,
             queue=[ModelRef(namespace=key.namespace, name=key.name) for key in queue],
-            lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2]) if lease else None,
+            lease=LeaseRef(name=lease[0], owner=lease[1], acquired_at=lease[2], device=lease[3], free=lease[4])
+            if lease
+            else None,
             time=now,
         )
         return plan.group, fields, update

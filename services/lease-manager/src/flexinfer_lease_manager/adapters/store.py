@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flexinfer_common.db import GroupRow, LeaseRow, ModelRow
 from flexinfer_common.enums import LeasePhase
+from flexinfer_common.quantity import parse_memory
 from flexinfer_lease_manager.domain.leases import Lease, LeaseSource, MemberState
 
 
@@ -36,6 +37,8 @@ def to_lease(row: LeaseRow) -> Lease:
         message=row.message,
         held_at=row.held_at,
         resource_uid=row.resource_uid,
+        memory=row.memory,
+        device=row.device,
     )
 
 
@@ -55,6 +58,8 @@ def _values(lease: Lease) -> dict[str, object]:
         "message": lease.message,
         "held_at": lease.held_at,
         "resource_uid": lease.resource_uid,
+        "memory": lease.memory,
+        "device": lease.device,
     }
 
 
@@ -135,6 +140,18 @@ class LeaseStore:
         async with self.sessions() as session:
             names = set((await session.scalars(models)).all()) | set((await session.scalars(groups)).all())
         return frozenset(n for n in names if n)
+
+    async def memory_per_device(self, group: str) -> int | None:
+        """The group's declared ``spec.capacity.memoryPerDevice`` in bytes (a GPUGroup of that name), if any."""
+        async with self.sessions() as session:
+            manifest = await session.scalar(select(GroupRow.manifest).where(GroupRow.name == group))
+        capacity = ((manifest or {}).get("spec") or {}).get("capacity")
+        if not isinstance(capacity, dict) or "memoryPerDevice" not in capacity:
+            return None
+        try:
+            return parse_memory(capacity["memoryPerDevice"])
+        except ValueError:
+            return None  # validated when stored; an unreadable one is as none (the whole group is leased then)
 
     async def members(self, groups: Iterable[str]) -> dict[str, list[MemberState]]:
         """The serving members of each group, as the scheduler last wrote their status."""

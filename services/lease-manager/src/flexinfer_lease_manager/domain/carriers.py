@@ -82,11 +82,13 @@ class Carrier:
         return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
 
 
-def lease_spec(group: str, owner: str, node: str | None, ttl_seconds: int) -> dict[str, Any]:
-    """A GPULease's ``spec``, as the lease manager writes it."""
+def lease_spec(group: str, owner: str, node: str | None, ttl_seconds: int, memory: int | None = None) -> dict[str, Any]:
+    """A GPULease's ``spec``, as the lease manager writes it (``memory`` in bytes)."""
     spec: dict[str, Any] = {"group": group, "owner": owner, "ttlSeconds": ttl_seconds}
     if node:
         spec["node"] = node
+    if memory is not None:
+        spec["memory"] = memory
     return spec
 
 

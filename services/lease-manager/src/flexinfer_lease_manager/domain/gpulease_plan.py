@@ -89,7 +89,7 @@ def mirror_body(lease: Lease) -> dict[str, Any]:
 
 
 def _lease_spec(lease: Lease) -> dict[str, Any]:
-    return lease_spec(lease.group, lease.owner, lease.node, lease.ttl_seconds)
+    return lease_spec(lease.group, lease.owner, lease.node, lease.ttl_seconds, lease.memory)
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -140,13 +140,16 @@ class KubeWorld:
 
 
 def lease_status(lease: Lease) -> dict[str, Any]:
-    return {
+    status: dict[str, Any] = {
         "acquiredAt": kube_time(lease.acquired_at),
         "expiresAt": kube_time(lease.expires_at),
         "renewTime": kube_time(lease.renew_time),
         "phase": lease.phase.value,
         "message": lease.message,
     }
+    if lease.memory is not None:  # the device reserved for it (null: not yet, or the whole group is leased)
+        status["device"] = lease.device
+    return status
 
 
 def pending_status(message: str) -> dict[str, Any]:
@@ -216,7 +219,7 @@ class _Planner:
             self.plan.release.append(Release(lease, f"its GPULease now names group {spec.group}"))
             self.pend(obj, f"released from group {lease.group}; acquiring group {spec.group}")
             return
-        new = dataclasses.replace(lease, resource_uid=uid_of(obj), owner=spec.owner, node=spec.node)
+        new = dataclasses.replace(lease, resource_uid=uid_of(obj), owner=spec.owner, node=spec.node, memory=spec.memory)
         ttl = spec.ttl_seconds or world.default_ttl
         renew = ttl != lease.ttl_seconds or (want is not None and renewal_due(lease, world.now, world.refresh))
         if renew:
@@ -257,6 +260,7 @@ class _Planner:
             source=want.source if want is not None else LeaseSource.GPULEASE,
             now=world.now,
             resource_uid=uid_of(obj),
+            memory=spec.memory,
         )
         self.plan.acquire.append(Acquire(lease, want.carrier if want is not None else None))
 

@@ -4,6 +4,11 @@ renewed, what makes a request for one invalid, and when it is held. No I/O and n
 A lease holds its group from the moment it is acquired (the scheduler then elects no leader for the group, so every
 serving member parks); it is ``Held`` once every serving member is seen parked, and it lapses at ``expires_at``
 unless renewed (the seed's TTL backstop: a dead lease manager, or a killed ``flexinfer lease run``, strands nothing).
+
+A lease with ``memory`` (GPULease ``spec.memory``) in a group with a capacity holds only that many bytes on one
+device: the scheduler parks only what must go to free them, and names the device in its group status; the lease is
+``Held`` once the scheduler says that much is confirmed free there. In a group without a capacity it holds the whole
+group, as any other lease.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class Lease:
     message: str = ""
     held_at: datetime | None = None
     resource_uid: str | None = None
+    memory: int | None = None  # bytes to free on one device (None: the whole group)
+    device: int | None = None  # the device the scheduler reserved them on (None: not yet, or the whole group)
 
     @property
     def holder(self) -> str:
@@ -75,6 +82,7 @@ def new_lease(
     source: LeaseSource,
     now: datetime,
     resource_uid: str | None = None,
+    memory: int | None = None,
 ) -> Lease:
     return Lease(
         name=name,
@@ -87,8 +95,11 @@ def new_lease(
         expires_at=now + timedelta(seconds=ttl_seconds),
         renew_time=now,
         source=source,
-        message=f"parking the serving models of group {group}",
+        message=f"freeing {memory} bytes on one device of group {group}"
+        if memory is not None
+        else f"parking the serving models of group {group}",
         resource_uid=resource_uid,
+        memory=memory,
     )
 
 
@@ -126,6 +137,7 @@ class LeaseRequest:
     ttl_seconds: int | None = None
     name: str | None = None
     namespace: str | None = None
+    memory: int | None = None  # bytes (the API parses the quantity)
 
 
 class Refusal(StrEnum):
@@ -148,10 +160,20 @@ class LeaseRefused(Exception):
         self.holder = holder
 
 
-def request_problems(request: LeaseRequest, *, namespaces: Iterable[str] | None = None) -> list[str]:
+def request_problems(
+    request: LeaseRequest, *, namespaces: Iterable[str] | None = None, memory_per_device: int | None = None
+) -> list[str]:
     """Every problem of a request, each naming its field (empty: valid). ``namespaces``: those a lease may live in
-    (Kubernetes mode, watching some namespaces only); None: any."""
+    (Kubernetes mode, watching some namespaces only); None: any. ``memory_per_device``: the group's declared
+    capacity per device, when known (a lease with more memory could never be reserved on one device)."""
     problems = []
+    if request.memory is not None and request.memory < 1:
+        problems.append(f"memory: must be a positive amount of memory (got {request.memory})")
+    elif request.memory is not None and memory_per_device is not None and request.memory > memory_per_device:
+        problems.append(
+            f"memory: {request.memory} bytes is more than one device of group {request.group} holds "
+            f"(spec.capacity.memoryPerDevice {memory_per_device} bytes); omit memory to lease the whole group"
+        )
     if not request.group.strip():
         problems.append("group: must not be empty")
     if not _OWNER.match(request.owner) or len(request.owner) > MAX_NAME:
@@ -204,12 +226,22 @@ class MemberState:
 class ParkVerdict:
     held: bool
     message: str
+    device: int | None = None  # a lease with memory: the device the scheduler reserved for it
 
 
 def park_verdict(lease: Lease, members: Iterable[MemberState], honoured: LeaseRef | None) -> ParkVerdict:
     """Is the group parked for this lease? Held when the scheduler's group status names this very lease (so no
     election that did not see it can still activate a member) and every member shows ``phase: Preempted`` with
     ``preemptedBy: gpu-lease/<owner>`` (the scheduler shows Preempted only once the member is off the GPU)."""
+    seen = honoured is not None and honoured.name == lease.name and honoured.acquired_at == lease.acquired_at
+    if lease.memory is not None and seen and honoured is not None and honoured.device is not None:
+        # a reservation on one device: the scheduler says when that much is confirmed free there
+        where = f"device {honoured.device} of group {lease.group}"
+        if honoured.free:
+            return ParkVerdict(
+                True, f"{lease.memory} bytes free on {where}; they are {lease.holder}'s", honoured.device
+            )
+        return ParkVerdict(False, f"freeing {lease.memory} bytes on {where}", honoured.device)
     members = list(members)
     if not members:
         return ParkVerdict(True, f"group {lease.group} has no serving model to park")
@@ -217,7 +249,6 @@ def park_verdict(lease: Lease, members: Iterable[MemberState], honoured: LeaseRe
     if waiting:
         names = ", ".join(f"{m.name} ({m.phase})" for m in sorted(waiting, key=lambda m: (m.name, m.namespace)))
         return ParkVerdict(False, f"waiting for {names} to park")
-    seen = honoured is not None and honoured.name == lease.name and honoured.acquired_at == lease.acquired_at
     if not seen:
         return ParkVerdict(False, f"waiting for the scheduler to honour the lease on group {lease.group}")
     count = f"{len(members)} serving model{'s' if len(members) != 1 else ''}"
@@ -225,7 +256,8 @@ def park_verdict(lease: Lease, members: Iterable[MemberState], honoured: LeaseRe
 
 
 def with_verdict(lease: Lease, verdict: ParkVerdict, now: datetime) -> Lease:
-    """The lease after a park check: Held (``held_at`` the first time) or Parking again, with the message."""
+    """The lease after a park check: Held (``held_at`` the first time) or Parking again, with the message (and, for a
+    lease with memory, the device reserved for it)."""
     phase = LeasePhase.HELD if verdict.held else LeasePhase.PARKING
     held_at = lease.held_at if lease.held_at is not None or not verdict.held else now
-    return dataclasses.replace(lease, phase=phase, message=verdict.message, held_at=held_at)
+    return dataclasses.replace(lease, phase=phase, message=verdict.message, held_at=held_at, device=verdict.device)

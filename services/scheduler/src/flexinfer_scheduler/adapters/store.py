@@ -428,9 +428,20 @@ class Store(ManifestStore):
 
     @staticmethod
     async def _leases(session: AsyncSession | AsyncConnection, now: datetime) -> dict[str, Lease]:
-        columns = (LeaseRow.name, LeaseRow.group_name, LeaseRow.owner, LeaseRow.expires_at, LeaseRow.acquired_at)
+        columns = (
+            LeaseRow.name,
+            LeaseRow.group_name,
+            LeaseRow.owner,
+            LeaseRow.expires_at,
+            LeaseRow.acquired_at,
+            LeaseRow.memory,
+            LeaseRow.device,
+        )
         rows = (await session.execute(select(*columns).where(LeaseRow.expires_at > now))).all()
-        return {r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at, r.acquired_at) for r in rows}
+        return {
+            r.group_name: Lease(r.name, r.group_name, r.owner, r.expires_at, r.acquired_at, r.memory, r.device)
+            for r in rows
+        }
 
     # ---- applying a plan ---------------------------------------------------------------------------------
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:

@@ -197,14 +197,35 @@ class Lease:
     owner: str
     expires_at: datetime
     acquired_at: datetime | None = None
+    # GPULease spec.memory: bytes to free on one device of a group with a capacity (None: the whole group)
+    memory: int | None = None
+    # the device its memory was reserved on, as the lease manager recorded it from the group status (None: not yet)
+    device: int | None = None
 
     def is_active(self, now: datetime) -> bool:
         return now < self.expires_at
+
+    @property
+    def holder(self) -> str:
+        """What the models it parks show as ``preemptedBy``."""
+        return f"gpu-lease/{self.owner}"
 
 
 def lease_is_active(lease: Lease | None, now: datetime) -> bool:
     """The election ignores a lease once ``now >= expiresAt`` (the seed's TTL backstop)."""
     return lease is not None and lease.is_active(now)
+
+
+def reserves_memory(lease: Lease | None, capacity: Capacity | None, now: datetime) -> bool:
+    """An active lease with memory that fits on one device of a group with a capacity is a reservation there
+    (``residency.plan_reservation``); any other active lease holds the whole group (no leader at all)."""
+    return (
+        lease is not None
+        and lease.is_active(now)
+        and lease.memory is not None
+        and capacity is not None
+        and lease.memory <= capacity.memory_per_device
+    )
 
 
 @dataclass(frozen=True)

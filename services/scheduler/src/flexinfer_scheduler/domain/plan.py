@@ -36,19 +36,30 @@ from flexinfer_scheduler.domain.election import (
     rank,
     wants_gpu,
 )
-from flexinfer_scheduler.domain.model import NO_CHANGE, Capacity, GroupSnapshot, Lease, Member, MemberPatch, Swap
+from flexinfer_scheduler.domain.model import (
+    NO_CHANGE,
+    Capacity,
+    GroupSnapshot,
+    Lease,
+    Member,
+    MemberPatch,
+    Swap,
+    reserves_memory,
+)
 from flexinfer_scheduler.domain.residency import (
+    Reservation,
     ResidencyReason,
     free_memory,
     may_evict,
     memory_of,
     place,
     placement_of,
+    plan_reservation,
     plan_residency,
 )
 from flexinfer_scheduler.domain.status import StatusView, load_failed, runtime_lost, status_views
 
-__all__ = ["Command", "GroupPlan", "StatusView", "SwapUpdate", "apply_plan", "plan_group"]
+__all__ = ["Command", "GroupPlan", "LeaseReservation", "StatusView", "SwapUpdate", "apply_plan", "plan_group"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,16 @@ class SwapUpdate:
 
 
 @dataclass(frozen=True)
+class LeaseReservation:
+    """A lease with memory in a group with a capacity: the device whose memory is reserved for it, and whether that
+    much is confirmed free there (every model that had to go is confirmed parked: the holder may use it)."""
+
+    device: int
+    memory: int
+    free: bool
+
+
+@dataclass(frozen=True)
 class GroupPlan:
     group: str
     election: Election
@@ -84,6 +105,7 @@ class GroupPlan:
     #: every member as this pass leaves it (patches applied): what routes and statuses are published from
     members: dict[ModelKey, Member] = field(default_factory=dict)
     lease: Lease | None = None  # the GPU lease this election honoured (published so the lease manager knows)
+    reservation: LeaseReservation | None = None  # ``lease`` reserves memory on one device (else: the whole group)
 
     @property
     def queue(self) -> list[ModelKey]:
@@ -439,10 +461,13 @@ def plan_resident_set(
     from it (``may_take_room``); an evicted model drains (no new requests; those in flight finish, up to
     ``drain_timeout``) and is parked, and the newcomer is activated only once it fits beside every model that is
     not confirmed parked. Invariant: on every device, the memory of the models not confirmed parked never exceeds
-    the capacity. A lease parks the whole group; forcePromotion evicts whatever it must. Waiting is in queue order:
-    a model that must wait for room holds back those after it (no starvation by smaller ones). A load that evicts
-    is recorded as a swap (from the first model evicted to the newcomer, through the swap's phases), one at a time;
-    a load that fits is none."""
+    the capacity. A lease parks the whole group, unless it has memory that fits on one device: then only the
+    cheapest models that must go to free that much on one device are evicted (``plan_reservation``) and those bytes
+    stay reserved while it holds, so nothing loads into them (counted with the models not confirmed parked, they
+    never exceed the capacity once the lease is ``free``). forcePromotion evicts whatever it must. Waiting is in
+    queue order: a model that must wait for room holds back those after it (no starvation by smaller ones). A load
+    that evicts is recorded as a swap (from the first model evicted to the newcomer, through the swap's phases), one
+    at a time; a load that fits is none."""
     capacity = snapshot.capacity
     assert capacity is not None
     patches = _Patches(snapshot)
@@ -450,7 +475,9 @@ def plan_resident_set(
         for key, patch in source.items():
             patches.add(key, patch)
     snapshot = patches.current()
-    election = elect(snapshot, now, params)
+    reserving = reserves_memory(snapshot.lease, capacity, now)
+    # a reservation is not a lease on the whole group: the election runs as if unleased, around the reserved bytes
+    election = elect(dataclasses.replace(snapshot, lease=None) if reserving else snapshot, now, params)
     lease_holder = (
         f"gpu-lease/{snapshot.lease.owner}" if election.reason == ElectionReason.LEASE and snapshot.lease else None
     )
@@ -484,6 +511,25 @@ def plan_resident_set(
             leaving(m, None, idle=True)
         elif m.leaving or (load_failed(m) and not _needs_restart(m)):
             leaving(m, None)
+
+    # 1b. a lease with memory: the cheapest models that must go to free it on one device go (none once enough is
+    # free or leaving already); its bytes are held there from now on
+    reservation: Reservation | None = None
+    reserved: dict[int, int] = {}
+    if reserving:
+        lease = snapshot.lease
+        assert lease is not None and lease.memory is not None
+        staying_now = {
+            k: placement_of(m, capacity)
+            for k, m in members.items()
+            if _occupies(m) and m.desired_action == ScaleAction.ACTIVATE and m.evicting_since is None
+        }
+        reservation = plan_reservation(
+            capacity, tuple(members.values()), staying_now, lease.memory, now, device=lease.device
+        )
+        for key in reservation.evict:
+            leaving(members[key], lease.holder)
+        reserved = {reservation.device: lease.memory}
 
     swap_updates: list[SwapUpdate] = []
     swap = snapshot.swap
@@ -532,7 +578,7 @@ def plan_resident_set(
                     f"{capacity.devices} x {capacity.memory_per_device}"
                 )
                 break
-            placed = place(need, wanted.devices, free_memory(capacity, members, occupied))
+            placed = place(need, wanted.devices, free_memory(capacity, members, occupied, reserved))
             if placed is not None:
                 patch = MemberPatch(placement=placed, evicting_since=None)
                 patches.add(wanted.key, patch)
@@ -540,7 +586,7 @@ def plan_resident_set(
                 admitted.append(wanted.key)
                 continue
             staying = {k: v for k, v in occupied.items() if k not in going}
-            if place(need, wanted.devices, free_memory(capacity, members, staying)) is not None:
+            if place(need, wanted.devices, free_memory(capacity, members, staying, reserved)) is not None:
                 names = ", ".join(sorted(members[k].key.name for k in going))
                 waiting_room[wanted.key] = f"waiting for {names} to park to make room"
                 break
@@ -558,6 +604,7 @@ def plan_resident_set(
                 wanted.key,
                 now,
                 allowed=set(allowed),
+                reserved=reserved,
             )
             if choice.reason is ResidencyReason.EVICTS and not (set(choice.evict) & set(fixed)):
                 for key in choice.evict:
@@ -582,6 +629,8 @@ def plan_resident_set(
                 waiting_room[wanted.key] = f"evicting {names} to make room"
             else:
                 kept = ", ".join(sorted(k.name for k in staying))
+                if reservation is not None and snapshot.lease is not None:
+                    kept = ", ".join(filter(None, (kept, f"{snapshot.lease.holder} (device {reservation.device})")))
                 waiting_room[wanted.key] = f"no room: {kept} hold the card and keep it"
             break
 
@@ -627,6 +676,13 @@ def plan_resident_set(
         (m for m in current.members if _holds(m)), key=lambda m: (m.command_issued_at or now, m.key), default=None
     )
     active = latest.key if latest is not None else None
+    held = None
+    if reservation is not None and snapshot.lease is not None and snapshot.lease.memory is not None:
+        held = LeaseReservation(
+            reservation.device,
+            snapshot.lease.memory,
+            free=_free_on(capacity, current.members, reservation.device) >= snapshot.lease.memory,
+        )
     if swap is not None:
         swap, update = _advance_eviction(swap, current, now, lease_holder is not None)
         if update is not None:
@@ -642,8 +698,17 @@ def plan_resident_set(
         statuses=statuses,
         swap_updates=_dedupe(swap_updates),
         members={m.key: m for m in current.members},
-        lease=snapshot.lease if lease_holder is not None else None,
+        lease=snapshot.lease if lease_holder is not None or held is not None else None,
+        reservation=held,
     )
+
+
+def _free_on(capacity: Capacity, members: tuple[Member, ...], device: int) -> int:
+    """What the models that hold memory or may (``_occupies``: not confirmed parked, residents, evicted ones until
+    confirmed parked) leave free on ``device``."""
+    by_key = {m.key: m for m in members}
+    holding = {m.key: placement_of(m, capacity) for m in members if _occupies(m)}
+    return free_memory(capacity, by_key, holding)[device]
 
 
 def _advance_eviction(

@@ -5,6 +5,11 @@ that fits on a device beside the loaded ones loads with no eviction; one that do
 of loaded models that frees enough, never a pinned one for a model of lower or equal priority, never a model of
 higher priority that is serving or has requests waiting. ``plan.plan_resident_set`` plans a group with a capacity
 with it (the scheduler and the simulator alike).
+
+A GPU lease with memory (GPULease ``spec.memory``) in such a group is a reservation of that many bytes on one
+device (``plan_reservation``): the device where freeing it costs least is chosen, only the models that must go to
+free it are evicted, and the reserved bytes count as held on that device while the lease holds (``reserved``), so
+nothing loads into them.
 """
 
 from __future__ import annotations
@@ -86,9 +91,17 @@ def may_evict(resident: Member, candidate: Member) -> bool:
 
 
 def free_memory(
-    capacity: Capacity, members: dict[ModelKey, Member], placements: dict[ModelKey, tuple[int, ...]]
+    capacity: Capacity,
+    members: dict[ModelKey, Member],
+    placements: dict[ModelKey, tuple[int, ...]],
+    reserved: dict[int, int] | None = None,
 ) -> list[int]:
+    """Per device, what is left once the placed models (and ``reserved``: bytes held per device for a lease) hold
+    theirs."""
     free = [capacity.memory_per_device] * capacity.devices
+    for device, size in (reserved or {}).items():
+        if 0 <= device < capacity.devices:
+            free[device] -= size
     for key, devices in placements.items():
         for device in devices:
             free[device] -= memory_of(members[key], capacity)
@@ -110,9 +123,11 @@ def plan_residency(
     candidate: ModelKey,
     now: datetime,
     allowed: set[ModelKey] | None = None,
+    reserved: dict[int, int] | None = None,
 ) -> Residency:
     """The resident set once ``candidate`` is loaded (``placements``: the models loaded now and their devices;
-    ``allowed``: the only ones that may go, when the caller's policy narrows them)."""
+    ``allowed``: the only ones that may go, when the caller's policy narrows them; ``reserved``: bytes a lease holds
+    per device, never given to a model)."""
     by_key = {m.key: m for m in members}
     current = {k: v for k, v in placements.items() if k in by_key}
     if candidate in current:
@@ -121,7 +136,7 @@ def plan_residency(
     need = memory_of(wanted, capacity)
     if need > capacity.memory_per_device or wanted.devices > capacity.devices:
         return Residency(current, (), ResidencyReason.NO_ROOM)
-    placed = place(need, wanted.devices, free_memory(capacity, by_key, current))
+    placed = place(need, wanted.devices, free_memory(capacity, by_key, current, reserved))
     if placed is not None:
         return Residency({**current, candidate: placed}, (), ResidencyReason.FITS)
     evictable = sorted(
@@ -132,19 +147,88 @@ def plan_residency(
     for key in evictable:  # cheapest first until the candidate fits
         evict.append(key)
         left = {k: v for k, v in current.items() if k not in evict}
-        if place(need, wanted.devices, free_memory(capacity, by_key, left)) is not None:
+        if place(need, wanted.devices, free_memory(capacity, by_key, left, reserved)) is not None:
             break
     else:
         return Residency(current, (), ResidencyReason.NO_ROOM)
     for key in sorted(evict, key=lambda k: eviction_cost(by_key[k], now), reverse=True):  # keep what need not go
         trial = [k for k in evict if k != key]
         left = {k: v for k, v in current.items() if k not in trial}
-        if place(need, wanted.devices, free_memory(capacity, by_key, left)) is not None:
+        if place(need, wanted.devices, free_memory(capacity, by_key, left, reserved)) is not None:
             evict = trial
     left = {k: v for k, v in current.items() if k not in evict}
-    placed = place(need, wanted.devices, free_memory(capacity, by_key, left))
+    placed = place(need, wanted.devices, free_memory(capacity, by_key, left, reserved))
     assert placed is not None  # the loop above stopped on a set that fits
     return Residency({**left, candidate: placed}, tuple(evict), ResidencyReason.EVICTS)
+
+
+class ReservationReason(StrEnum):
+    FREE = "free"  # the device has that much free already: nothing goes
+    EVICTS = "evicts"  # the cheapest set of the device's models that frees enough goes
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Where a lease with memory is reserved, what must go to free it, and why."""
+
+    device: int
+    evict: tuple[ModelKey, ...]
+    reason: ReservationReason
+
+
+def _freeing(
+    capacity: Capacity,
+    by_key: dict[ModelKey, Member],
+    placements: dict[ModelKey, tuple[int, ...]],
+    device: int,
+    need: int,
+    now: datetime,
+) -> tuple[ModelKey, ...]:
+    """The cheapest models of ``device`` whose eviction leaves ``need`` free there: cheapest first until enough is
+    free, then every one that need not go is kept (most expensive first)."""
+    here = sorted(
+        (k for k, devices in placements.items() if device in devices), key=lambda k: eviction_cost(by_key[k], now)
+    )
+
+    def left_free(evict: list[ModelKey]) -> int:
+        return free_memory(capacity, by_key, {k: v for k, v in placements.items() if k not in evict})[device]
+
+    evict: list[ModelKey] = []
+    for key in here:
+        if left_free(evict) >= need:
+            break
+        evict.append(key)
+    for key in sorted(evict, key=lambda k: eviction_cost(by_key[k], now), reverse=True):
+        trial = [k for k in evict if k != key]
+        if left_free(trial) >= need:
+            evict = trial
+    return tuple(evict)
+
+
+def plan_reservation(
+    capacity: Capacity,
+    members: tuple[Member, ...],
+    placements: dict[ModelKey, tuple[int, ...]],
+    need: int,
+    now: datetime,
+    device: int | None = None,
+) -> Reservation:
+    """Where a lease of ``need`` bytes (at most ``memory_per_device``) is reserved (``placements``: the models that
+    hold memory and are not leaving already): ``device`` when the lease has one already (the reservation stays
+    where it is), else the device where freeing it costs least (nothing to evict first; then the set whose dearest
+    model is cheapest, then fewer models; then the lowest index). A lease beats every model, pinned ones too, as a
+    whole-group lease does; it never evicts more than it needs."""
+    assert need <= capacity.memory_per_device
+    by_key = {m.key: m for m in members}
+    current = {k: v for k, v in placements.items() if k in by_key}
+    devices = [device] if device is not None and 0 <= device < capacity.devices else range(capacity.devices)
+    options = []
+    for d in devices:
+        evict = _freeing(capacity, by_key, current, d, need, now)
+        cost = tuple(sorted((eviction_cost(by_key[k], now) for k in evict), reverse=True))
+        options.append(((bool(evict), cost, len(evict), d), d, evict))
+    _, chosen, evict = min(options)
+    return Reservation(chosen, evict, ReservationReason.EVICTS if evict else ReservationReason.FREE)
 
 
 @dataclass(frozen=True)

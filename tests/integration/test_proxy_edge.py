@@ -68,7 +68,8 @@ async def proxy_to_fake_model(nats_url: str, *, labels: tuple[str, ...] = (), **
             )
             kv = await bus.routes()
             await kv.put(subjects.route_key("default", "m1"), route.to_bytes())
-            await wait_for(lambda: proxy.routes.get(ModelKey("default", "m1")) is not None)
+            # The bucket outlives a test: wait for this route, not a stale one of an earlier test's model.
+            await wait_for(lambda: getattr(proxy.routes.get(ModelKey("default", "m1")), "endpoint", None) == model)
             yield proxy
         finally:
             await proxy.stop()

@@ -176,7 +176,8 @@ async def flaky(bus: Bus, clean_nats: str) -> AsyncIterator[tuple[Flaky, str, Pr
     async with started_proxy(clean_nats) as proxy:
         kv = await bus.routes()
         await kv.put("default.m1", make_route("m1", f"http://127.0.0.1:{port}").to_bytes())
-        await wait_for(lambda: proxy.routes.get(ModelKey("default", "m1")) is not None)
+        endpoint = f"http://127.0.0.1:{port}"
+        await wait_for(lambda: getattr(proxy.routes.get(ModelKey("default", "m1")), "endpoint", None) == endpoint)
         yield model, f"http://127.0.0.1:{proxy.port}", proxy
     server.close()
 

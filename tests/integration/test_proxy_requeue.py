@@ -80,8 +80,9 @@ async def proxy_with_dead_route(bus: Bus, nats_url: str, dead_port: int, **overr
         async with asyncio.timeout(5):
             await proxy.wait_ready()
         kv = await bus.routes()
-        await kv.put(subjects.route_key("default", "m1"), ready_route(f"http://127.0.0.1:{dead_port}").to_bytes())
-        await wait_for(lambda: (r := proxy.routes.get(KEY)) is not None and r.ready)
+        endpoint = f"http://127.0.0.1:{dead_port}"
+        await kv.put(subjects.route_key("default", "m1"), ready_route(endpoint).to_bytes())
+        await wait_for(lambda: (r := proxy.routes.get(KEY)) is not None and r.ready and r.endpoint == endpoint)
         yield proxy
     finally:
         await proxy.stop()

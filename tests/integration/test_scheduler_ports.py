@@ -22,8 +22,8 @@ from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.manifests import GroupMove, estimate_memory
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
 from flexinfer_scheduler.ports import LeaderLock, MembershipChangeRefused, Origin, SchedulerBus, SchedulerStore
-from flexinfer_testbed.servers import TestServers
-from tests.conftest import fresh_database, reset_nats
+from flexinfer_testbed.servers import TestServers, fresh_database
+from tests.conftest import reset_nats
 
 pytestmark = pytest.mark.integration
 

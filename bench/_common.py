@@ -26,16 +26,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 
 from flexinfer_cli.embedded import LOOPBACK, EmbeddedNats, free_port
-from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.messages import Route
+from flexinfer_testbed.routes import make_route, write_route
 
 NAMESPACE = "default"
 logging.getLogger("flexinfer.bus").setLevel(logging.ERROR)  # the bench's own short NATS connections
@@ -275,18 +272,7 @@ async def put_route(nats_url: str, name: str, *, endpoint: str | None) -> None:
     await bus.connect()
     try:
         await bus.ensure_streams()
-        ready = endpoint is not None
-        route = Route(
-            namespace=NAMESPACE,
-            name=name,
-            ready=ready,
-            endpoint=endpoint,
-            phase=ModelPhase.READY if ready else ModelPhase.IDLE,
-            state=SharedState.ACTIVE if ready else SharedState.PARKED,
-            updated_at=datetime.now(UTC),
-        )
-        kv = await bus.routes()
-        await kv.put(subjects.route_key(NAMESPACE, name), route.to_bytes())
+        await write_route(bus, make_route(name, endpoint=endpoint, namespace=NAMESPACE))
     finally:
         await bus.close()
 

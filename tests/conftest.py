@@ -22,7 +22,7 @@ from flexinfer_testbed.servers import (
     reset_nats,
     start_test_servers,
 )
-from tests.support.kube_fixtures import kube  # noqa: F401  (the emulated Kubernetes cluster fixture)
+from tests.support.kube_fixtures import kube, kube_system  # noqa: F401  (the emulated Kubernetes cluster fixtures)
 from tests.support.run_as import suite_run_as
 
 _OWN_BASETEMP: list[Path] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
-from flexinfer_testbed.kube_models import add_model, create, known, model_deployment, model_resource
+from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
 from flexinfer_testbed.system import running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
 from tests.integration.test_kubernetes_rendering import model as rendering_model
@@ -70,12 +70,7 @@ async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: 
         await create(kube, model_resource(name, group=None))
     await create(
         kube,
-        {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "pair"},
-            "spec": {"models": [{"name": "x"}, {"name": "y"}]},
-        },
+        gpu_group("pair", models=[{"name": "x"}, {"name": "y"}]),
     )
     # A rendered model with the flash-loader: its Deployment and Service are created, changed while parked, and its
     # tmpfs copy is cleaned up by a Job when it is deleted.

@@ -31,6 +31,7 @@ from flexinfer_cli.embedded import free_port
 from flexinfer_common.bus import Bus
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
+from flexinfer_testbed.kube_models import gpu_group
 from flexinfer_testbed.system import System, fake_model, running_system
 from tests.integration.test_scheduler_policies import members, running, sql
 from tests.support.waiting import wait_for
@@ -613,12 +614,7 @@ async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_relea
     recorder = Recorder()
     await recorder.start(bus)
     async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "gpu"},
-            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
-        }
+        group = gpu_group("gpu", capacity={"devices": 1, "memoryPerDevice": "24Gi"})
         status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
         assert status in (200, 201), answer
         await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))

@@ -1,4 +1,5 @@
-"""Shared helpers for the proxy benchmarks: start what a bench needs on loopback, run wrk, read RSS.
+"""Shared helpers for the proxy benchmarks: start what a bench needs on loopback, run wrk, read RSS (and, for the
+scheduler's, the models a bench stores in its database).
 
 Everything runs on 127.0.0.1 and is stopped when the bench ends: an embedded NATS (JetStream) in a temp dir, nginx
 (the fixed upstream, and nginx as the reference reverse proxy), the proxy as its own process
@@ -24,17 +25,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flexinfer_cli.embedded import LOOPBACK, EmbeddedNats, free_port
 from flexinfer_common.bus import Bus
+from flexinfer_common.db import ModelRow
 from flexinfer_testbed.routes import make_route, write_route
 
 NAMESPACE = "default"
+T = TypeVar("T")
 logging.getLogger("flexinfer.bus").setLevel(logging.ERROR)  # the bench's own short NATS connections
 
 #: What the fixed upstream answers to every request: a small, complete chat completion.
@@ -277,6 +284,26 @@ async def put_route(nats_url: str, name: str, *, endpoint: str | None) -> None:
         await bus.close()
 
 
+async def add_models(
+    sessions: async_sessionmaker[AsyncSession], models: Iterable[tuple[str, str, int, dict[str, object]]]
+) -> None:
+    """Store ``(name, group, priority, manifest)`` models of namespace default, as an apply would, at once."""
+    now = datetime.now(UTC)
+    async with sessions.begin() as session:
+        for name, group, priority, manifest in models:
+            session.add(
+                ModelRow(
+                    namespace=NAMESPACE,
+                    name=name,
+                    manifest=manifest,
+                    group_name=group,
+                    priority=priority,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+
+
 def until_every_worker_sees(proxy_url: str, name: str, *, checks: int = 20, within: float = 15.0) -> None:
     """Until ``checks`` requests in a row, each on a new connection (so each may reach another worker of a proxy
     with several), show the model Ready."""
@@ -430,6 +457,17 @@ async def http_client(connections: int) -> AsyncIterator[aiohttp.ClientSession]:
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
         yield http
+
+
+def print_rows_in_parallel(judge: Callable[[T], tuple[str, bool]], items: Iterable[T], *, jobs: int) -> int:
+    """Judge every item in ``jobs`` processes (``judge`` gives a table row and whether the item met its goal); print
+    the rows in order as they come; return how many missed."""
+    missed = 0
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for row, ok in pool.map(judge, items):
+            print(row, flush=True)
+            missed += not ok
+    return missed
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import statistics
 import sys
@@ -32,7 +31,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.swap_overhead import bench_servers, local_system, swap_options  # noqa: E402
+from bench.swap_overhead import bench_servers, local_system, swap_options, until_answering  # noqa: E402
 from flexinfer_cli.embedded import free_port  # noqa: E402
 from flexinfer_testbed.real_servers import READINESS_PATH, engine_command, install_real_servers, llama_model  # noqa: E402
 from flexinfer_testbed.system import System  # noqa: E402
@@ -52,14 +51,7 @@ async def cold_start_alone(http: aiohttp.ClientSession, argv: list[str]) -> tupl
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"http://127.0.0.1:{port}{READINESS_PATH}") as response:
-                    if response.status == 200:
-                        break
-            if process.returncode is not None:
-                raise RuntimeError(f"the llama.cpp server exited ({process.returncode}) before it was ready")
-            await asyncio.sleep(0.002)
+        await until_answering(http, f"http://127.0.0.1:{port}{READINESS_PATH}", process)
         ready = time.perf_counter() - started
         # The first completion of a fresh server is not a warm one (its first pass over the weights): the client of a
         # swap waits for exactly this one, so the baseline is spawn to the first completion's last byte.

@@ -62,6 +62,19 @@ def shipped_timings() -> dict[str, Any]:
     return out
 
 
+async def until_answering(http: aiohttp.ClientSession, url: str, process: asyncio.subprocess.Process) -> None:
+    """Until ``url`` answers 200, probed every 2 ms (a server's own spawn-to-ready, as closely as a client sees it);
+    fails when ``process``, the server, exits first."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(url) as response:
+                if response.status == 200:
+                    return
+        if process.returncode is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}) before {url} answered")
+        await asyncio.sleep(0.002)
+
+
 @dataclass
 class Baseline:
     spawn_to_healthy: float
@@ -88,12 +101,7 @@ async def measure_baseline(startup_delay: float, rounds: int = 5) -> Baseline:
                 "warning",
             )
             try:
-                while True:
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with http.get(f"http://127.0.0.1:{port}/health") as response:
-                            if response.status == 200:
-                                break
-                    await asyncio.sleep(0.002)
+                await until_answering(http, f"http://127.0.0.1:{port}/health", process)
                 spawns.append(time.perf_counter() - started)
                 for _ in range(5):
                     t0 = time.perf_counter()

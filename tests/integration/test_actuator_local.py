@@ -31,6 +31,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock, utcnow
 from flexinfer_common.enums import ParkStrategy, RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello, RuntimeSpec, RuntimeStatus, ScaleCommand
+from flexinfer_testbed.system import fake_model_command
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -58,21 +59,9 @@ TINY_SERVER = textwrap.dedent(
 
 
 def fake_model(name: str, *extra: str, startup_delay: float = 0.0) -> list[str]:
-    """The argv of the fake OpenAI-compatible model server (tools/fake-model)."""
-    return [
-        sys.executable,
-        "-m",
-        "flexinfer_fake_model.server",
-        "--port",
-        "{port}",
-        "--model",
-        name,
-        "--startup-delay",
-        str(startup_delay),
-        "--wake-delay",
-        "0.1",
-        *extra,
-    ]
+    """The argv of the fake OpenAI-compatible model server (tools/fake-model), run by this interpreter."""
+    program = (sys.executable, "-m", "flexinfer_fake_model.server")
+    return fake_model_command(name, "--wake-delay", "0.1", *extra, startup_delay=startup_delay, program=program)
 
 
 def tiny_server(*, ignore_sigterm: bool = False) -> list[str]:
@@ -139,8 +128,10 @@ async def send(
     *,
     command: list[str] | None = None,
     park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO,
+    epoch: int = 0,
     **runtime: Any,
 ) -> None:
+    """Publish the scheduler's command (its leader's ``epoch``: 0, a scheduler without fencing) for ``model``."""
     spec = RuntimeSpec(
         namespace=NAMESPACE,
         name=model,
@@ -153,6 +144,7 @@ async def send(
         model=model,
         action=action,
         generation=generation,
+        leader_epoch=epoch,
         runtime=spec,
         issued_at=utcnow(),
     )

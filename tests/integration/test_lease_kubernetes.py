@@ -21,6 +21,7 @@ import yaml
 
 from flexinfer_common.bus import Bus
 from flexinfer_testbed.kube import KubeCluster
+from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.store import StoredEvent
 from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
 from tests.integration.test_leases import Recorder, all_parked_by, phase_is
@@ -76,15 +77,7 @@ def job(
     if labels:
         metadata["labels"] = labels
     if owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": owner["apiVersion"],
-                "kind": owner["kind"],
-                "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-            }
-        ]
+        metadata["ownerReferences"] = [controller_reference(owner)]
     container = {
         "name": "train",
         "image": "trainer:test",

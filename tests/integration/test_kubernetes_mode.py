@@ -13,20 +13,15 @@ from typing import Any
 import pytest
 
 from flexinfer_testbed.kube import KubeCluster, Reason
+from flexinfer_testbed.kube.builders import service
 from flexinfer_testbed.kube.store import PatchType
 from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
 from flexinfer_testbed.system import System
+from tests.integration.test_swap import chat
 from tests.support.kube_fixtures import KubeSystem, pair_on_one_gpu
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
-
-
-async def chat(system: System, model: str, text: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-    assert system.http is not None
-    body = {"model": model, "messages": [{"role": "user", "content": text}]}
-    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
-        return resp.status, await resp.json(), dict(resp.headers)
 
 
 def status_of(kube: KubeCluster, name: str) -> dict[str, Any]:
@@ -171,21 +166,13 @@ async def test_an_invalid_model_gets_a_message_and_an_event_and_the_others_go_on
 
 async def test_active_services_annotation_follows_the_active_model(kube: KubeCluster, kube_system: KubeSystem) -> None:
     for name in ("a", "b"):
-        await create(
-            kube,
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name},
-                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
-            },
-        )
+        await create(kube, service(name))
     await add_model(kube, "a", priority=10, serviceLabels=["chat", "assistant"])
     await add_model(kube, "b", priority=10, serviceLabels=["chat"])
 
     def annotation(name: str) -> str | None:
-        service = kube.get("services", name) or {}
-        value = service.get("metadata", {}).get("annotations", {}).get("ai.flexinfer/active-services")
+        found = kube.get("services", name) or {}
+        value = found.get("metadata", {}).get("annotations", {}).get("ai.flexinfer/active-services")
         return None if value is None else str(value)
 
     async with kube_system(shared_demand_window=1.0) as system:

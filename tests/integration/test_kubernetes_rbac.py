@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
+from flexinfer_testbed.kube.builders import service
 from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
 from flexinfer_testbed.system import running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
@@ -54,15 +55,7 @@ async def test_the_chart_grants_exactly_what_the_actuator_calls(
 
 async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path) -> None:
     for name in ("a", "b"):
-        await create(
-            kube,
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name},
-                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
-            },
-        )
+        await create(kube, service(name))
     await add_model(kube, "a", priority=10, serviceLabels=["chat"])
     await add_model(kube, "b", priority=5)
     for name in ("x", "y"):

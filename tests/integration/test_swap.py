@@ -14,6 +14,7 @@ import pytest
 
 from flexinfer_common.bus import Bus
 from flexinfer_testbed.system import System, fake_model, running_system
+from tests.support.chat import Answer, post_chat
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,14 +22,11 @@ pytestmark = pytest.mark.integration
 RUNNING = {"Loading", "Ready", "Stopping"}
 
 
-async def chat(
-    system: System, model: str, text: str, *, delay: float = 0
-) -> tuple[int, dict[str, Any], dict[str, str]]:
+async def chat(system: System, model: str, text: str, *, delay: float = 0) -> Answer:
+    """``text`` for ``model`` through the system's proxy, sent ``delay`` seconds from now."""
     await asyncio.sleep(delay)
     assert system.http is not None
-    body = {"model": model, "messages": [{"role": "user", "content": text}]}
-    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
-        return resp.status, await resp.json(), dict(resp.headers)
+    return await post_chat(system.http, system.url("proxy"), model, text)
 
 
 class ProcessTableWatcher:
@@ -70,9 +68,6 @@ async def group_gauges(system: System) -> dict[str, float]:
 def response_number(body: dict[str, Any]) -> int:
     """The fake model numbers completions in arrival order: ``chatcmpl-<pid>-<n>``."""
     return int(body["id"].rsplit("-", 1)[1])
-
-
-Answer = tuple[int, dict[str, Any], dict[str, str]]
 
 
 async def requests_in_turn(system: System, model: str, count: int = 5) -> list[Answer]:

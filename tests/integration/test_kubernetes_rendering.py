@@ -28,18 +28,7 @@ from tests.support.kube_fixtures import KubeSystem
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
 # The seed's Model, word for word (its namespace is the test cluster's).
-SEED_MODEL = """
-apiVersion: ai.flexinfer/v1alpha2
-kind: Model
-metadata:
-  name: qwen3-8b
-spec:
-  backend: mlc-llm
-  source: HF://mlc-ai/Qwen3-8B-q4f16_1-MLC
-  gpu:
-    shared: homelab-gpu
-    priority: 100
-"""
+SEED_MODEL = Path(__file__).with_name("seed_model.yaml")
 
 # No real engine runs here: the backends the tests use run the fake model server, configured as an operator
 # configures backends (FLEXINFER_BACKENDS_FILE, chart values `backends`).
@@ -83,7 +72,7 @@ def model(name: str, **spec: Any) -> dict[str, Any]:
 async def test_the_seeds_four_line_model_gets_a_serving_workload_deleted_with_it(
     kube: KubeCluster, tmp_path: Path, kube_system: KubeSystem
 ) -> None:
-    (await kube.kubectl("apply", "-f", "-", input=SEED_MODEL)).check()
+    (await kube.kubectl("apply", "-f", "-", input=SEED_MODEL.read_text())).check()
     async with kube_system(**rendering_options(tmp_path)) as system:
         deployment = await kube.wait_for(lambda: kube.get("deployments", "qwen3-8b"), message="a rendered Deployment")
         owner = deployment["metadata"]["ownerReferences"][0]

@@ -55,6 +55,13 @@ class Watcher(Recorder):
 
         kube.store.listeners.append(on_write)
 
+    @classmethod
+    async def watching(cls, bus: Bus, kube: KubeCluster) -> Watcher:
+        """A watcher already recording ``bus`` and ``kube``."""
+        watcher = cls()
+        await watcher.watch(bus, kube)
+        return watcher
+
 
 @contextlib.asynccontextmanager
 async def lease_system(kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
@@ -131,8 +138,7 @@ async def serving(system: System) -> bool:
 async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_parked_and_its_end_restores_serving(
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
-    watcher = Watcher()
-    await watcher.watch(bus, kube)
+    watcher = await Watcher.watching(bus, kube)
     async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
@@ -215,8 +221,7 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
 async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_releases_and_rbac_matches_the_calls(
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
-    watcher = Watcher()
-    await watcher.watch(bus, kube)
+    watcher = await Watcher.watching(bus, kube)
     async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: serving(system))

@@ -39,6 +39,7 @@ from flexinfer_cli.embedded import LOOPBACK, EmbeddedNats, free_port
 from flexinfer_common.bus import Bus
 from flexinfer_common.db import ModelRow
 from flexinfer_testbed.routes import make_route, write_route
+from flexinfer_testbed.system import service_environment
 
 NAMESPACE = "default"
 T = TypeVar("T")
@@ -226,15 +227,7 @@ def children(pid: int) -> list[int]:
 def proxy_process(nats_url: str, workdir: Path, **env: str) -> Iterator[ProxyProcess]:
     """``python -m flexinfer_proxy`` on a free loopback port, ready (route snapshot loaded) when yielded."""
     port = free_port()
-    environment = {
-        **os.environ,
-        "FLEXINFER_NATS_URL": nats_url,
-        "FLEXINFER_BIND_HOST": LOOPBACK,
-        "FLEXINFER_PROXY_PORT": str(port),
-        "FLEXINFER_INSTANCE_ID": "proxy-bench",
-        "FLEXINFER_LOG_LEVEL": "WARNING",
-        **env,
-    }
+    environment = {**service_environment(nats_url=nats_url, proxy_port=str(port), instance_id="proxy-bench"), **env}
     log_path = workdir / f"proxy-{port}.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(

@@ -32,7 +32,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
 from flexinfer_testbed.kube_models import gpu_group
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model, running_system, service_environment
 from tests.integration.test_scheduler_policies import members, running, sql
 from tests.support.waiting import wait_for
 
@@ -434,15 +434,9 @@ class LeaseManagerProcess:
     @classmethod
     async def start(cls, database_url: str, nats_url: str) -> LeaseManagerProcess:
         port = free_port()
-        env = {
-            **os.environ,
-            "FLEXINFER_DATABASE_URL": database_url,
-            "FLEXINFER_NATS_URL": nats_url,
-            "FLEXINFER_LEASE_MANAGER_PORT": str(port),
-            "FLEXINFER_BIND_HOST": "127.0.0.1",
-            "FLEXINFER_LEASE_REFRESH_INTERVAL": "1s",
-            "FLEXINFER_LOG_LEVEL": "WARNING",
-        }
+        env = service_environment(
+            database_url=database_url, nats_url=nats_url, lease_manager_port=str(port), lease_refresh_interval="1s"
+        )
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", "flexinfer_lease_manager", env=env)
         url = f"http://127.0.0.1:{port}"
 

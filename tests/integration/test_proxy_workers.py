@@ -4,7 +4,6 @@ both, and a graceful stop of all of them on SIGTERM. Runs the real ``python -m f
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.messages import Demand
 from flexinfer_testbed.routes import make_route, write_route
+from flexinfer_testbed.system import service_environment
 from tests.support.proxy import fake_model_server
 from tests.support.waiting import wait_for
 
@@ -33,16 +33,9 @@ def children(pid: int) -> list[int]:
 @pytest.fixture
 def workers(clean_nats: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    env = {
-        **os.environ,
-        "FLEXINFER_NATS_URL": clean_nats,
-        "FLEXINFER_BIND_HOST": "127.0.0.1",
-        "FLEXINFER_PROXY_PORT": str(port),
-        "FLEXINFER_PROXY_WORKERS": "2",
-        "FLEXINFER_INSTANCE_ID": "proxy-pair",
-        "FLEXINFER_QUEUE_TIMEOUT": "20s",
-        "FLEXINFER_LOG_LEVEL": "WARNING",
-    }
+    env = service_environment(
+        nats_url=clean_nats, proxy_port=str(port), proxy_workers="2", instance_id="proxy-pair", queue_timeout="20s"
+    )
     log = (tmp_path / "proxy.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "flexinfer_proxy"], env=env, stdout=log, stderr=log)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,17 @@ async def running_system(
             service.stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(service.task, timeout=30)
+
+
+def service_environment(**settings: str) -> dict[str, str]:
+    """The environment of a service run as its own process: this one's, on loopback, logging warnings and worse,
+    and each of ``settings`` as ``FLEXINFER_<NAME>`` (``nats_url=...`` is FLEXINFER_NATS_URL)."""
+    return {
+        **os.environ,
+        "FLEXINFER_BIND_HOST": "127.0.0.1",
+        "FLEXINFER_LOG_LEVEL": "WARNING",
+        **{f"FLEXINFER_{name.upper()}": value for name, value in settings.items()},
+    }
 
 
 def fake_model_command(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -368,8 +369,10 @@ class Bus:
         """Connect, retrying for up to ``wait`` seconds at start; later drops reconnect forever. Credentials the
         server refuses stop the start at once (retrying them cannot help), with a message that names the user."""
         refused = asyncio.Event()
+        last_error: list[Exception] = []  # what nats-py reported last while connecting (a TLS failure, ...)
 
         async def on_error(exc: Exception) -> None:
+            last_error[:] = [exc]
             if _is_auth_error(exc):
                 if not refused.is_set():
                     log.error("nats refused our credentials", extra={"error": repr(exc), "user": self._who()})
@@ -428,7 +431,9 @@ class Bus:
                     + " (FLEXINFER_NATS_USER/_PASSWORD, _CREDS or _NKEY)"
                 ) from None
             if loop.time() > deadline:
-                raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {failure!r}") from None
+                cause = failure if failure is not None else next(iter(last_error), None)
+                hint = " (TLS: FLEXINFER_NATS_TLS_CA, _CERT and _KEY)" if isinstance(cause, ssl.SSLError) else ""
+                raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {cause!r}{hint}") from None
             await asyncio.sleep(0.3)
         self._js = self._nc.jetstream(timeout=5)
 

@@ -536,19 +536,28 @@ async def test_store_keeps_a_measured_memory_and_fits_with_it_only_above_the_dec
     assert member is not None and (member.memory, member.memory_measured) == (4 << 30, 2 << 30)
 
 
-async def test_store_gives_the_local_machines_gpus_to_a_group_that_declares_no_capacity(store: Any) -> None:
+async def test_store_gives_the_local_machines_gpus_to_its_one_group_that_declares_no_capacity(store: Any) -> None:
     s: SchedulerStore = store
     await store.put_model(model("chat", shared="card"), NOW)
-    await store.put_gpugroup(declaration("sized", capacity={"devices": 1, "memoryPerDevice": "8Gi"}), NOW)
     assert await s.record_gpu_inventory(backend="local", actuator="a1", device_memory=[24 << 30, 16 << 30], when=NOW)
     assert not await s.record_gpu_inventory(
         backend="local", actuator="a2", device_memory=[24 << 30, 16 << 30], when=NOW
     ), "the same devices again: nothing changed"
     world, _ = await s.load_world(NOW, WINDOW)
-    card, sized = world.group("card"), world.group("sized")
+    card = world.group("card")
     assert card is not None and card.capacity is not None
     assert (card.capacity.devices, card.capacity.memory_per_device) == (2, 16 << 30)
+    assert (await s.load_world(NOW, WINDOW, {"card"}))[0].group("card").capacity == card.capacity  # type: ignore[union-attr]
+
+    # A second group on the machine: each would count every device, so neither gets them (one model at a time
+    # until the group declares its capacity); a declared one keeps its own.
+    await store.put_gpugroup(declaration("sized", capacity={"devices": 1, "memoryPerDevice": "8Gi"}), NOW)
+    for only in (None, {"card"}):
+        world, _ = await s.load_world(NOW, WINDOW, only)
+        assert world.group("card").capacity is None  # type: ignore[union-attr]
+    sized = (await s.load_world(NOW, WINDOW))[0].group("sized")
     assert sized is not None and sized.capacity is not None and sized.capacity.memory_per_device == 8 << 30
+
     assert await s.record_gpu_inventory(backend="local", actuator="a3", device_memory=[], when=NOW)
     world, _ = await s.load_world(NOW, WINDOW)
     assert world.group("card").capacity is None  # type: ignore[union-attr]

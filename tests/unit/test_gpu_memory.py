@@ -323,3 +323,26 @@ async def test_a_declared_capacity_wins_over_the_discovered_one() -> None:
     world, _ = await store.load_world(START, timedelta(minutes=1))
     snapshot = world.group("gpu")
     assert snapshot is not None and snapshot.capacity == Capacity(1, 8 * GiB)
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_with_two_groups_on_the_machine_neither_gets_its_gpus_and_a_warning_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each group counting both cards could load twice what they hold together: one model at a time each, as before.
+    store = MemoryStore()
+    scheduler = Scheduler(
+        store=store, bus=MemoryBus(), lock=MemoryLeaderLock(), settings=SchedulerSettings(), clock=FakeClock(START)
+    )
+    await store.put_model(model(None), START)
+    embed = model(None).model_copy(deep=True)
+    embed.metadata.name = "embed"
+    embed.spec.gpu.shared = "embeddings"  # type: ignore[union-attr]
+    await store.put_model(embed, START)
+    hello = ActuatorHello(actuator="a1", backend="local", time=START, gpu_devices=[24 * GiB, 24 * GiB])
+    with caplog.at_level(logging.WARNING):
+        await scheduler.on_actuator_hello(hello, None)
+    world, _ = await store.load_world(START, timedelta(minutes=1))
+    assert [(g.name, g.capacity) for g in world.groups] == [("embeddings", None), ("gpu", None)]
+    (warning,) = [r for r in caplog.records if "several groups share this machine" in r.getMessage()]
+    assert warning.groups == ["embeddings", "gpu"]  # type: ignore[attr-defined]

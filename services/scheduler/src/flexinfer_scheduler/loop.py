@@ -385,6 +385,14 @@ class Scheduler:
                     "GPU devices discovered by the local actuator",
                     extra={"actuator": hello.actuator, "devices": len(hello.gpu_devices)},
                 )
+            groups = await self.store.group_names() if hello.gpu_devices else []
+            if len(groups) > 1:  # domain.manifests.machine_capacity
+                log.warning(
+                    "GPU devices discovered, but several groups share this machine: none gets them as its capacity "
+                    "(each would count every device); declare spec.capacity on each group's GPUGroup to load several "
+                    "models per card",
+                    extra={"groups": groups, "devices": len(hello.gpu_devices)},
+                )
         self.kick()
 
     # ---- one pass ----------------------------------------------------------------------------------------

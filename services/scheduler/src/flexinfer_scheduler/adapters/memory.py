@@ -33,7 +33,14 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts, discovered_capacity, membership, place
+from flexinfer_scheduler.domain.manifests import (
+    GroupMove,
+    SpecFacts,
+    discovered_capacity,
+    machine_capacity,
+    membership,
+    place,
+)
 from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
@@ -126,6 +133,7 @@ class MemoryStore:
             by_group.setdefault(row.group_name, []).append(member)
         names = set(by_group) | {n for n in self.groups if groups_only is None or n in groups_only}
         active_swaps = {s.group_name: s for s in self.swaps.values() if s.phase in ACTIVE_SWAP_PHASES}
+        all_groups = {row.group_name for row in self.models.values() if row.group_name} | set(self.groups)
         snapshots = []
         for name in sorted(names):
             lease = self.leases.get(name)
@@ -137,7 +145,7 @@ class MemoryStore:
                     self.groups.get(name),
                     active_swaps.get(name),
                     live,
-                    self.discovered.get(LOCAL_BACKEND),
+                    machine_capacity(self.discovered.get(LOCAL_BACKEND), len(all_groups)),
                 )
             )
         if self.lease_error is not None:

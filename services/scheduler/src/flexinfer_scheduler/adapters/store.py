@@ -68,7 +68,7 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import SpecFacts, discovered_capacity
+from flexinfer_scheduler.domain.manifests import SpecFacts, discovered_capacity, machine_capacity
 from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
@@ -132,6 +132,7 @@ _ALL_GROUPS = union(
     select(ModelRow.group_name.label("name")).where(ModelRow.group_name.is_not(None)), select(GroupRow.name)
 ).subquery()
 _GROUP_NAMES = select(func.array_agg(_ALL_GROUPS.c.name))
+_GROUP_COUNT = select(func.count()).select_from(_ALL_GROUPS)  # every group of the machine: machine_capacity
 _MODEL_KEYS = select(func.array_agg(ModelRow.namespace.concat("/").concat(ModelRow.name)))
 
 
@@ -355,7 +356,9 @@ class Store(ManifestStore):
             async with autocommit(self.sessions) as session:
                 rows = list((await session.execute(group_query, group_params)).all())
                 found = (await session.execute(_DISCOVERED)).first()
-                return rows, Capacity(found[0], found[1]) if found is not None else None
+                if found is None:
+                    return rows, None
+                return rows, machine_capacity(Capacity(found[0], found[1]), await session.scalar(_GROUP_COUNT) or 0)
 
         async def read_leases() -> dict[str, Lease] | None:
             try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +24,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Demand, Route
+from flexinfer_common.tcp import free_port
 from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.app import Proxy
 from flexinfer_proxy.settings import ProxySettings
@@ -46,13 +46,6 @@ def ready_route(endpoint: str) -> Route:
         state=SharedState.ACTIVE,
         updated_at=datetime.now(UTC),
     )
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

@@ -55,6 +55,8 @@ from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from flexinfer_common.tcp import free_port
+
 __all__ = [
     "LOOPBACK",
     "PG_SYSTEM_USER",
@@ -86,14 +88,6 @@ class EmbeddedServerError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """Return a TCP port that is currently free on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _port_is_free(port: int, host: str = LOOPBACK) -> bool:

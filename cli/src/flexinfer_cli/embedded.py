@@ -831,29 +831,20 @@ class EmbeddedPostgres(_EmbeddedServer):
         if not self.durable:
             argv.append("--no-sync")
         try:
-            res = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                cwd=self.pgdata,
-                env=_child_env(),
-                timeout=120,
-                check=False,
-                **_run_as_kwargs(run_as),
-            )
+            res = self._run_in_pgdata(argv, run_as)
         finally:
             pwfile.unlink(missing_ok=True)
         log.debug("initdb output:\n%s%s", res.stdout, res.stderr)
         if res.returncode != 0:
             raise EmbeddedServerError(f"initdb failed with code {res.returncode}:\n{res.stdout}\n{res.stderr}".rstrip())
 
-    def _set_password_single_user(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
-        """Give the superuser of an existing cluster its password in single-user mode (nothing listens)."""
-        log.info("setting a password for the superuser of the existing cluster %s", self.pgdata)
-        argv = [str(bindir / "postgres"), "--single", "-D", str(self.pgdata), "-c", "password_encryption=scram-sha-256"]
-        res = subprocess.run(
-            [*argv, _PG_SUPERUSER],
-            input=f"ALTER ROLE {_sql_ident(_PG_SUPERUSER)} PASSWORD {_sql_literal(password)};\n",
+    def _run_in_pgdata(
+        self, argv: list[str], run_as: _RunAs | None, *, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a PostgreSQL program on the cluster (as its user), its output captured; up to 2 minutes."""
+        return subprocess.run(
+            argv,
+            input=stdin,
             capture_output=True,
             text=True,
             cwd=self.pgdata,
@@ -861,6 +852,16 @@ class EmbeddedPostgres(_EmbeddedServer):
             timeout=120,
             check=False,
             **_run_as_kwargs(run_as),
+        )
+
+    def _set_password_single_user(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
+        """Give the superuser of an existing cluster its password in single-user mode (nothing listens)."""
+        log.info("setting a password for the superuser of the existing cluster %s", self.pgdata)
+        argv = [str(bindir / "postgres"), "--single", "-D", str(self.pgdata), "-c", "password_encryption=scram-sha-256"]
+        res = self._run_in_pgdata(
+            [*argv, _PG_SUPERUSER],
+            run_as,
+            stdin=f"ALTER ROLE {_sql_ident(_PG_SUPERUSER)} PASSWORD {_sql_literal(password)};\n",
         )
         if res.returncode != 0 or "ERROR" in res.stdout + res.stderr:
             self.password_file.unlink(missing_ok=True)  # try again next start

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import socket
-import sys
 
 from flexinfer_actuator import __version__
 from flexinfer_actuator.adapters.gpu import open_gpu_memory
@@ -25,10 +23,9 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.kube.client import KubeClient, connect_from_settings
-from flexinfer_common.logs import get_logger, start_logging
-from flexinfer_common.runner import run_until_signalled
-from flexinfer_common.service import HttpServer
-from flexinfer_common.settings import ActuatorKind, SettingsError, load_settings
+from flexinfer_common.logs import get_logger
+from flexinfer_common.service import HttpServer, run_service
+from flexinfer_common.settings import ActuatorKind
 
 log = get_logger("flexinfer.actuator")
 
@@ -139,17 +136,10 @@ async def _serve_kubernetes(
         await http.stop()
 
 
+def _kubernetes_configured(settings: ActuatorSettings) -> None:
+    if settings.actuator is ActuatorKind.KUBERNETES:
+        connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
+
+
 def run() -> None:
-    try:
-        settings = load_settings(ActuatorSettings)
-        if settings.actuator is ActuatorKind.KUBERNETES:
-            connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
-    except SettingsError as exc:
-        sys.stderr.write(f"flexinfer-actuator: {exc}\n")
-        raise SystemExit(2) from None
-    start_logging("actuator", settings)
-    try:
-        run_until_signalled(functools.partial(serve, settings))
-    except ConnectionError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        raise SystemExit(1) from None
+    run_service("actuator", ActuatorSettings, serve, check=_kubernetes_configured, logger=log)

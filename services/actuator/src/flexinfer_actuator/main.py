@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 
 from flexinfer_actuator import __version__
 from flexinfer_actuator.adapters.gpu import open_gpu_memory
@@ -30,10 +29,6 @@ from flexinfer_common.settings import ActuatorKind
 log = get_logger("flexinfer.actuator")
 
 
-def instance_id(settings: ActuatorSettings) -> str:
-    return settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
-
-
 def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeClient:
     """The Kubernetes API client, or SettingsError naming what is wrong with the configuration."""
     agent = f"flexinfer-actuator/{__version__}" + (f" ({instance})" if instance else "")
@@ -41,7 +36,7 @@ def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeCl
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
-    instance = instance_id(settings)
+    instance = settings.make_instance_id()
     clock = SystemClock()
     kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
     bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}", auth=settings.nats_auth())

@@ -20,7 +20,7 @@ from flexinfer_common.manifests import Model
 from flexinfer_common.messages import Demand, InFlightCount, InFlightReport, RuntimeStatus, ScaleCommand
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryLocks, MemoryStore
 from flexinfer_scheduler.loop import Scheduler
-from flexinfer_scheduler.ports import World
+from flexinfer_scheduler.ports import DemandReport, RuntimeReport, World
 from flexinfer_scheduler.settings import SchedulerSettings
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -280,7 +280,7 @@ async def test_a_demand_recorded_while_a_reconcile_slice_loads_is_elected_before
         if groups is not None and "g00" in groups and store.during_load is not None:
             store.during_load = None
             await store.record_demand(
-                namespace="default", name="m59", source="p1", queued=1, when=clock.now(), message_id="d1"
+                DemandReport(namespace="default", name="m59", source="p1", queued=1, when=clock.now(), message_id="d1")
             )
             scheduler.kick("g59")
 
@@ -439,13 +439,15 @@ async def test_a_route_that_makes_a_model_ready_goes_out_only_once_the_plan_is_s
     key = ModelKey("default", "m00")
     activate = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)][-1]
     await store.record_runtime(
-        namespace="default",
-        name="m00",
-        phase=RuntimePhase.READY.value,
-        generation=activate.generation,
-        endpoint="http://127.0.0.1:9000",
-        message=None,
-        when=clock.now(),
+        RuntimeReport(
+            namespace="default",
+            name="m00",
+            phase=RuntimePhase.READY.value,
+            generation=activate.generation,
+            endpoint="http://127.0.0.1:9000",
+            message=None,
+            when=clock.now(),
+        )
     )
     store.failing = True
     with pytest.raises(ConnectionError):

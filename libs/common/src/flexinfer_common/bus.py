@@ -12,7 +12,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -189,6 +189,18 @@ Decoder = Callable[[str, bytes], M]
 Handler = Callable[[M, Delivery], Awaitable[None]]
 
 
+class ConsumerOptions(TypedDict, Generic[M]):
+    """What a :class:`Consumer` reads and what it runs for each message (``Bus.consume`` takes the same)."""
+
+    stream: str
+    durable: str | None
+    filter_subject: str
+    decode: Decoder[M]
+    handler: Handler[M]
+    deliver_new_only: NotRequired[bool]  # without a deliver_policy: NEW rather than ALL
+    deliver_policy: NotRequired[DeliverPolicy | None]
+
+
 class Consumer(Generic[M]):
     """A pull consumer running its handler for each message, in order, one at a time.
 
@@ -197,25 +209,15 @@ class Consumer(Generic[M]):
     created again, from the same point, if the server loses it.
     """
 
-    def __init__(
-        self,
-        bus: Bus,
-        *,
-        stream: str,
-        durable: str | None,
-        filter_subject: str,
-        decode: Decoder[M],
-        handler: Handler[M],
-        deliver_new_only: bool = False,
-        deliver_policy: DeliverPolicy | None = None,
-    ) -> None:
+    def __init__(self, bus: Bus, **options: Unpack[ConsumerOptions[M]]) -> None:
         self.bus = bus
-        self.stream = stream
-        self.durable = durable
-        self.filter_subject = filter_subject
-        self.decode = decode
-        self.handler = handler
-        self.deliver_policy = deliver_policy or (DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL)
+        self.stream = options["stream"]
+        self.durable = options["durable"]
+        self.filter_subject = options["filter_subject"]
+        self.decode = options["decode"]
+        self.handler = options["handler"]
+        new_only = options.get("deliver_new_only", False)
+        self.deliver_policy = options.get("deliver_policy") or (DeliverPolicy.NEW if new_only else DeliverPolicy.ALL)
         self._task: asyncio.Task[None] | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
 
@@ -552,27 +554,9 @@ class Bus:
         """Fire and forget (still stored when a stream captures the subject)."""
         await self.nc.publish(subject, encode(message))
 
-    async def consume(
-        self,
-        *,
-        stream: str,
-        durable: str | None,
-        filter_subject: str,
-        decode: Decoder[M],
-        handler: Handler[M],
-        deliver_new_only: bool = False,
-        deliver_policy: DeliverPolicy | None = None,
-    ) -> Consumer[M]:
-        consumer = Consumer(
-            self,
-            stream=stream,
-            durable=durable,
-            filter_subject=filter_subject,
-            decode=decode,
-            handler=handler,
-            deliver_new_only=deliver_new_only,
-            deliver_policy=deliver_policy,
-        )
+    async def consume(self, **options: Unpack[ConsumerOptions[M]]) -> Consumer[M]:
+        """Start a :class:`Consumer`; closing the bus stops it."""
+        consumer = Consumer(self, **options)
         await consumer.start()
         self._consumers.append(consumer)
         return consumer

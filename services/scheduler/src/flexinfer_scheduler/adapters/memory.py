@@ -47,12 +47,14 @@ from flexinfer_scheduler.ports import (
     API_ORIGIN,
     LOCAL_BACKEND,
     Decoder,
+    DemandReport,
     GroupChangeRefused,
     Handler,
     M,
     MeasuredMemory,
     MembershipChangeRefused,
     Origin,
+    RuntimeReport,
     StoredStatus,
     World,
     changes_of,
@@ -197,45 +199,26 @@ class MemoryStore:
         return self.models.get(ModelKey(namespace, name))
 
     # ---- bus inputs --------------------------------------------------------------------------------------
-    async def record_demand(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        source: str,
-        queued: int,
-        when: datetime,
-        message_id: str,
-        valid_for: timedelta | None = None,
-    ) -> str | None:
-        if message_id in self._seen:
+    async def record_demand(self, report: DemandReport) -> str | None:
+        if report.message_id in self._seen:
             return None
-        row = self.models.get(ModelKey(namespace, name))
+        key, when = ModelKey(report.namespace, report.name), report.when
+        row = self.models.get(key)
         if row is None:
             return None
-        self._seen[message_id] = when
+        self._seen[report.message_id] = when
         row.last_active_time = when if row.last_active_time is None else max(row.last_active_time, when)
-        slot = (ModelKey(namespace, name), source)
+        slot = (key, report.source)
         if slot not in self._demand or self._demand[slot][1] <= when:
-            self._demand[slot] = (queued, when, when + valid_for if valid_for is not None else None)
+            self._demand[slot] = (report.queued, when, report.valid_until)
         return row.group_name
 
-    async def record_runtime(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        phase: str,
-        generation: int,
-        endpoint: str | None,
-        message: str,
-        when: datetime,
-    ) -> str | None:
-        row = self.models.get(ModelKey(namespace, name))
-        if row is None or not row.runtime_generation <= generation <= row.command_generation:
+    async def record_runtime(self, report: RuntimeReport) -> str | None:
+        row = self.models.get(ModelKey(report.namespace, report.name))
+        if row is None or not row.runtime_generation <= report.generation <= row.command_generation:
             return None
-        row.runtime_phase, row.runtime_generation, row.runtime_updated_at = phase, generation, when
-        row.endpoint, row.runtime_message = endpoint, message
+        row.runtime_phase, row.runtime_generation, row.runtime_updated_at = report.phase, report.generation, report.when
+        row.endpoint, row.runtime_message = report.endpoint, report.message
         return row.group_name
 
     async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:

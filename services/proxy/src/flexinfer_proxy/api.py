@@ -280,15 +280,8 @@ class ProxyHandler:
         self._check_api_key(request)
         # Names from the decoded path; the rest is forwarded exactly as the client encoded it.
         model = f"{names[1]}/{names[2]}"
-        rest = prefixed[2].encode("latin-1")
-        if not self._loaded.is_set():
-            self._wait(request, self._serve_when(self._wait_for_routes, request, model, rest, None))
-            return True
-        key, route, endpoint = self._resolve(model)
-        try:
-            self._forward_or_queue(request, key, route, endpoint, rest, None)
-        except ProxyError as error:
-            self._answer_error(request, key, error)
+        # as a /v1 request: a model applied a moment ago is found once the route watch caught up, not 404 at once
+        self._serve_model(request, model, prefixed[2].encode("latin-1"), None)
         return True
 
     def _forward_or_queue(

@@ -22,6 +22,8 @@ from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, Mem
 from flexinfer_scheduler.loop import Scheduler
 from flexinfer_scheduler.ports import World
 from flexinfer_scheduler.settings import SchedulerSettings
+from tests.support.actuator import done, reported
+from tests.support.waiting import wait_for
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -80,25 +82,15 @@ class Harness:
         while True:
             for command in self.commands()[self.seen :]:
                 self.seen += 1
-                phase = RuntimePhase.READY if command.action == ScaleAction.ACTIVATE else RuntimePhase.PARKED
-                status = RuntimeStatus(
-                    namespace=command.namespace,
-                    model=command.model,
-                    phase=phase,
-                    generation=command.generation,
-                    endpoint="http://127.0.0.1:9",
-                    time=self.clock.now(),
-                )
-                await self.say(subjects.runtime_status_subject(command.namespace, command.model), status)
+                phase = done(command)
+                await self.say(*reported(command.namespace, command.model, phase, command.generation, self.clock.now()))
             await asyncio.sleep(0.05)
 
     async def until(self, predicate: Any, within: float = 60) -> float:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while not predicate():
-            assert loop.time() - start < within, "condition not met in time"
-            await asyncio.sleep(0.05)
-        return loop.time() - start
+        """How long ``predicate`` took to hold (polled every 50 ms; fails after ``within`` s)."""
+        start = asyncio.get_running_loop().time()
+        await wait_for(predicate, within=within)
+        return asyncio.get_running_loop().time() - start
 
 
 @contextlib.asynccontextmanager

@@ -318,7 +318,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
             message="the first GPULease to be held",
         )
         table = (await kube.kubectl("get", "gpuleases", "-o", "wide")).check().stdout.splitlines()
-        assert table[0].split() == ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "PHASE"]
+        assert table[0].split() == ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "PHASE", "MEMORY", "DEVICE"]
         assert table[1].split() == ["first", "gpu", "alice", "emulated-node", held["status"]["expiresAt"], "Held"]
         assert table[2].split() == ["second", "gpu", "bob", "emulated-node", "Pending"]
         (await kube.kubectl("delete", "gpulease", "first")).check()

@@ -73,7 +73,7 @@ LABEL org.opencontainers.image.title="flexinfer-proxy" \
 ENV FLEXINFER_PROXY_PORT=8080
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FLEXINFER_PROXY_PORT', '8080'), timeout=2)"]
+    CMD ["python", "-m", "flexinfer_common.healthcheck", "http://127.0.0.1:${FLEXINFER_PROXY_PORT}/healthz"]
 ENTRYPOINT ["flexinfer-proxy"]
 
 # The scheduler: the election and the swaps (state in PostgreSQL). It also runs the database migrations
@@ -88,7 +88,7 @@ LABEL org.opencontainers.image.title="flexinfer-scheduler" \
 ENV FLEXINFER_SCHEDULER_PORT=8081
 EXPOSE 8081
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FLEXINFER_SCHEDULER_PORT', '8081'), timeout=2)"]
+    CMD ["python", "-m", "flexinfer_common.healthcheck", "http://127.0.0.1:${FLEXINFER_SCHEDULER_PORT}/healthz"]
 ENTRYPOINT ["python", "-m", "flexinfer_scheduler"]
 
 # The actuator: parks and loads models (Kubernetes Deployments or local processes). The local back-end runs model
@@ -103,7 +103,7 @@ ENV FLEXINFER_ACTUATOR_PORT=8083 \
     FLEXINFER_STATE_DIR=/home/flexinfer/.flexinfer
 EXPOSE 8083
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FLEXINFER_ACTUATOR_PORT', '8083'), timeout=2)"]
+    CMD ["python", "-m", "flexinfer_common.healthcheck", "http://127.0.0.1:${FLEXINFER_ACTUATOR_PORT}/healthz"]
 ENTRYPOINT ["python", "-m", "flexinfer_actuator"]
 
 # The lease manager: GPU leases for training jobs.
@@ -115,7 +115,7 @@ LABEL org.opencontainers.image.title="flexinfer-lease-manager" \
 ENV FLEXINFER_LEASE_MANAGER_PORT=8082
 EXPOSE 8082
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FLEXINFER_LEASE_MANAGER_PORT', '8082'), timeout=2)"]
+    CMD ["python", "-m", "flexinfer_common.healthcheck", "http://127.0.0.1:${FLEXINFER_LEASE_MANAGER_PORT}/healthz"]
 ENTRYPOINT ["python", "-m", "flexinfer_lease_manager"]
 
 # The fake model server (listens on all of the container's addresses: it is what a Deployment's Pod serves).

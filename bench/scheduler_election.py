@@ -39,6 +39,7 @@ from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member
 from flexinfer_scheduler.domain.plan import plan_group
 from flexinfer_scheduler.loop import Scheduler
+from flexinfer_scheduler.ports import DemandReport
 from flexinfer_scheduler.settings import SchedulerSettings
 
 PER_GROUP = 10
@@ -160,12 +161,14 @@ async def full(groups: int, tmp: Path, *, capacity: bool) -> dict[str, float]:
                 )
         for g in range(groups):
             await store.record_demand(
-                namespace="default",
-                name=f"m{g}-5",
-                source="bench",
-                queued=1,
-                when=datetime.now(UTC),
-                message_id=f"bench-{g}",
+                DemandReport(
+                    namespace="default",
+                    name=f"m{g}-5",
+                    source="bench",
+                    queued=1,
+                    when=datetime.now(UTC),
+                    message_id=f"bench-{g}",
+                )
             )
         start = time.perf_counter()
         await scheduler.election_pass()

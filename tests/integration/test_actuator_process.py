@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello
+from flexinfer_common.tcp import free_port
 from tests.integration import test_actuator_local as local
 from tests.integration.test_actuator_local import StatusLog, process_alive, send
 from tests.support.waiting import wait_for
@@ -30,12 +30,6 @@ statuses = local.statuses  # the fixture: every RuntimeStatus published
 
 INSTANCE = "actuator-under-test"
 TOKEN = "t0ken"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

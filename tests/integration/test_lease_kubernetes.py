@@ -24,7 +24,7 @@ from flexinfer_testbed.kube import KubeCluster
 from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.store import StoredEvent
 from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
-from tests.integration.test_leases import Recorder, all_parked_by, phase_is
+from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is
 from tests.integration.test_scheduler_policies import running
 from tests.support.waiting import wait_for
 from tests.unit.test_charts import chart_dir, render
@@ -316,7 +316,7 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
             message="the first GPULease to be held",
         )
         table = (await kube.kubectl("get", "gpuleases", "-o", "wide")).check().stdout.splitlines()
-        assert table[0].split() == ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "PHASE"]
+        assert table[0].split() == ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "PHASE", "MEMORY", "DEVICE"]
         assert table[1].split() == ["first", "gpu", "alice", "emulated-node", held["status"]["expiresAt"], "Held"]
         assert table[2].split() == ["second", "gpu", "bob", "emulated-node", "Pending"]
         (await kube.kubectl("delete", "gpulease", "first")).check()
@@ -371,3 +371,86 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
                     for resource in rule["resources"]:
                         granted |= {(group, resource, verb) for verb in rule["verbs"]}
     assert made == granted, f"called without a rule: {made - granted}; granted but never called: {granted - made}"
+
+
+async def test_a_gpulease_with_memory_written_with_kubectl_parks_only_what_must_go_and_one_too_large_waits(
+    kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
+) -> None:
+    """A group with a capacity (one 24Gi device) holds two models; a GPULease written with kubectl with
+    ``memory: 8Gi`` parks only the cheaper one, shows the device in ``kubectl get gpuleases -o wide``, and one asking
+    more than a device holds is never acquired (Pending, an InvalidSpec Event), as the REST API refuses it."""
+    async with running_system(
+        database_url=database_url,
+        nats_url=bus.url,
+        state_dir=tmp_path,
+        services=(*SERVICES, "proxy"),
+        lease_manager=lease_manager_settings(kube),
+    ) as system:
+        group = {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "gpu"},
+            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
+        }
+        status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
+        assert status in (200, 201), answer
+        await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
+        await system.put_model(
+            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
+        )
+        for name in ("small", "tuned"):
+            code, _ = await chat(system.url("proxy"), name)
+            assert code == 200
+        assert await running(system) == ["small", "tuned"]
+
+        def manifest(name: str, memory: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "ai.flexinfer/v1alpha1",
+                "kind": "GPULease",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"group": "gpu", "owner": "trainer", "node": "emulated-node", "memory": memory},
+            }
+
+        await apply(kube, manifest("big", "30Gi"))
+        big = await kube.wait_for(
+            lambda: (gpulease(kube, "big") or {}).get("status", {}).get("phase") == "Pending" and gpulease(kube, "big"),
+            message="the oversized GPULease to wait",
+        )
+        assert (
+            "spec.memory" in big["status"]["message"]
+            and "more than one device of group gpu" in big["status"]["message"]
+        )
+        await kube.wait_for(
+            lambda: [e["reason"] for e in events_for(kube, "GPULease", "big")] == ["InvalidSpec"],
+            message="an InvalidSpec Event on the oversized GPULease",
+        )
+        assert await running(system) == ["small", "tuned"], "nothing parked for a lease that cannot be reserved"
+        (await kube.kubectl("delete", "gpulease", "big")).check()
+
+        await apply(kube, manifest("fit", "8Gi"))
+        held = await kube.wait_for(
+            lambda: (gpulease(kube, "fit") or {}).get("status", {}).get("phase") == "Held" and gpulease(kube, "fit"),
+            within=30,
+            message="the GPULease with memory to be held",
+        )
+        assert held["status"]["device"] == 0
+        assert await running(system) == ["tuned"], "only the cheaper model (the lower priority) went"
+        code, _ = await chat(system.url("proxy"), "tuned")
+        assert code == 200, "the other keeps serving while the lease holds"
+        table = (await kube.kubectl("get", "gpuleases", "-o", "wide")).check().stdout.splitlines()
+        assert table[0].split() == ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "PHASE", "MEMORY", "DEVICE"]
+        assert table[1].split() == [
+            "fit",
+            "gpu",
+            "trainer",
+            "emulated-node",
+            held["status"]["expiresAt"],
+            "Held",
+            "8Gi",
+            "0",
+        ]
+
+        (await kube.kubectl("delete", "gpulease", "fit")).check()
+        code, _ = await chat(system.url("proxy"), "small")
+        assert code == 200, "released: the parked model loads again"
+        assert await running(system) == ["small", "tuned"]

@@ -10,7 +10,6 @@ queue timeout runs out first, else 502 ``upstream_unavailable`` once its re-queu
 from __future__ import annotations
 
 import asyncio
-import socket
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -21,6 +20,7 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.messages import Demand
+from flexinfer_common.tcp import free_port
 from flexinfer_proxy.app import Proxy
 from flexinfer_testbed.routes import make_route, write_route
 from tests.support.proxy import fake_model_server, proxy_to_model
@@ -30,13 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 KEY = ModelKey("default", "m1")
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proxy_with_dead_route(nats_url: str, dead_port: int, **overrides: Any) -> AbstractAsyncContextManager[Proxy]:

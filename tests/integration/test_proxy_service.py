@@ -279,6 +279,16 @@ async def test_a_model_written_a_moment_ago_is_found_though_the_watch_lags(
     async with await proxy.chat("never-written") as resp:
         assert resp.status == 404
     assert asyncio.get_running_loop().time() - started < 2.0
+    # The same through a path prefix (/<namespace>/<name>/...), which names the model in the path.
+    await proxy.write_route("fresh-prefixed", endpoint=fake_model)
+    assert proxy.proxy.routes.get(proxy._key(NS, "fresh-prefixed")) is None
+    async with proxy.http.get(f"{proxy.base}/{NS}/fresh-prefixed/v1/models") as resp:
+        assert resp.status == 200, await resp.text()
+    started = asyncio.get_running_loop().time()
+    async with proxy.http.get(f"{proxy.base}/{NS}/never-written/v1/models") as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "model_not_found"
+    assert asyncio.get_running_loop().time() - started < 2.0
 
 
 async def test_path_prefix_forwards_any_method_with_its_query(proxy: Harness, recorder: tuple[Recorder, str]) -> None:

@@ -21,7 +21,15 @@ from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.manifests import GroupMove, estimate_memory
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
-from flexinfer_scheduler.ports import LeaderLock, MembershipChangeRefused, Origin, SchedulerBus, SchedulerStore
+from flexinfer_scheduler.ports import (
+    DemandReport,
+    LeaderLock,
+    MembershipChangeRefused,
+    Origin,
+    RuntimeReport,
+    SchedulerBus,
+    SchedulerStore,
+)
 from flexinfer_testbed.servers import TestServers, fresh_database
 from tests.conftest import reset_nats
 
@@ -82,13 +90,27 @@ async def test_store_groups_members_and_keeps_what_the_election_reads(store: Any
 
 async def test_store_sums_demand_over_sources_and_ignores_a_repeated_message(store: Any) -> None:
     s = await seeded(store)
-    assert await s.record_demand(namespace="default", name="b", source="p1", queued=2, when=NOW, message_id="1")
-    assert await s.record_demand(namespace="default", name="b", source="p2", queued=1, when=NOW, message_id="2")
-    assert await s.record_demand(namespace="default", name="b", source="p2", queued=5, when=NOW, message_id="2") is None
-    earlier = NOW - timedelta(seconds=30)
-    await s.record_demand(namespace="default", name="b", source="p3", queued=0, when=earlier, message_id="3")
+    assert await s.record_demand(
+        DemandReport(namespace="default", name="b", source="p1", queued=2, when=NOW, message_id="1")
+    )
+    assert await s.record_demand(
+        DemandReport(namespace="default", name="b", source="p2", queued=1, when=NOW, message_id="2")
+    )
     assert (
-        await s.record_demand(namespace="default", name="zz", source="p1", queued=1, when=NOW, message_id="4") is None
+        await s.record_demand(
+            DemandReport(namespace="default", name="b", source="p2", queued=5, when=NOW, message_id="2")
+        )
+        is None
+    )
+    earlier = NOW - timedelta(seconds=30)
+    await s.record_demand(
+        DemandReport(namespace="default", name="b", source="p3", queued=0, when=earlier, message_id="3")
+    )
+    assert (
+        await s.record_demand(
+            DemandReport(namespace="default", name="zz", source="p1", queued=1, when=NOW, message_id="4")
+        )
+        is None
     )
     world, _ = await s.load_world(NOW, WINDOW)
     b = world.group("gpu").member(B)  # type: ignore[union-attr]
@@ -103,9 +125,13 @@ async def test_store_keeps_a_count_for_as_long_as_its_message_says_then_prunes_i
     s = await seeded(store)
     valid_for = timedelta(minutes=30, seconds=5)
     await s.record_demand(
-        namespace="default", name="b", source="slow-proxy", queued=2, when=NOW, message_id="1", valid_for=valid_for
+        DemandReport(
+            namespace="default", name="b", source="slow-proxy", queued=2, when=NOW, message_id="1", valid_for=valid_for
+        )
     )
-    await s.record_demand(namespace="default", name="b", source="external", queued=1, when=NOW, message_id="2")
+    await s.record_demand(
+        DemandReport(namespace="default", name="b", source="external", queued=1, when=NOW, message_id="2")
+    )
 
     async def queued(at: datetime) -> int:
         world, _ = await s.load_world(at, WINDOW)
@@ -119,7 +145,7 @@ async def test_store_keeps_a_count_for_as_long_as_its_message_says_then_prunes_i
     assert await queued(NOW + valid_for + timedelta(seconds=1)) == 0
     await s.prune(NOW + valid_for + timedelta(seconds=1), keep=timedelta(minutes=5))
     assert await s.record_demand(
-        namespace="default", name="b", source="slow-proxy", queued=1, when=NOW, message_id="3"
+        DemandReport(namespace="default", name="b", source="slow-proxy", queued=1, when=NOW, message_id="3")
     ), "the pruned slot takes a new count (an older time than the pruned one is no conflict)"
     assert await queued(NOW) == 1
 
@@ -141,7 +167,7 @@ async def test_store_in_flight_counts_per_proxy_fall_to_zero_and_age_out(store: 
 
 async def test_store_applies_a_plan_and_writes_only_what_changed(store: Any) -> None:
     s = await seeded(store)
-    await s.record_demand(namespace="default", name="a", source="p1", queued=1, when=NOW, message_id="1")
+    await s.record_demand(DemandReport(namespace="default", name="a", source="p1", queued=1, when=NOW, message_id="1"))
     world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
     (plan,) = [
         plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id="s1")
@@ -158,10 +184,12 @@ async def test_store_applies_a_plan_and_writes_only_what_changed(store: Any) -> 
     assert again.statuses[A].phase == ModelPhase.LOADING.value and again.statuses[A].shared_state == "Active"
     # an actuator report for that command is kept; one for an older generation is not
     assert await s.record_runtime(
-        namespace="default", name="a", phase="Ready", generation=1, endpoint="http://x", message="", when=NOW
+        RuntimeReport(
+            namespace="default", name="a", phase="Ready", generation=1, endpoint="http://x", message="", when=NOW
+        )
     )
     assert not await s.record_runtime(
-        namespace="default", name="a", phase="Parked", generation=0, endpoint=None, message="", when=NOW
+        RuntimeReport(namespace="default", name="a", phase="Parked", generation=0, endpoint=None, message="", when=NOW)
     )
     assert await s.forget_runtime() == 1
     world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
@@ -218,13 +246,15 @@ async def report(store: Any, key: ModelKey, phase: str, at: datetime) -> None:
     """The actuator confirms the model's last command."""
     row = next(r for r in await store_models(store) if (r.namespace, r.name) == key)
     assert await store.record_runtime(
-        namespace=key.namespace,
-        name=key.name,
-        phase=phase,
-        generation=row.command_generation,
-        endpoint="http://x" if phase == "Ready" else None,
-        message="",
-        when=at,
+        RuntimeReport(
+            namespace=key.namespace,
+            name=key.name,
+            phase=phase,
+            generation=row.command_generation,
+            endpoint="http://x" if phase == "Ready" else None,
+            message="",
+            when=at,
+        )
     )
 
 
@@ -465,7 +495,7 @@ async def test_store_gpugroup_declares_the_scheduling_of_a_v1alpha2_group(store:
     assert gpu.scheduling == SchedulingPolicy.SEED
     assert {m.key for m in gpu.members} == {A, B}  # the members stay the models that name it
     # an election writes the group's row; the declaration stays
-    await s.record_demand(namespace="default", name="a", source="p1", queued=1, when=NOW, message_id="1")
+    await s.record_demand(DemandReport(namespace="default", name="a", source="p1", queued=1, when=NOW, message_id="1"))
     world, _ = await s.load_world(NOW, WINDOW, {"gpu"})
     (plan,) = [
         plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id="s1")
@@ -536,19 +566,28 @@ async def test_store_keeps_a_measured_memory_and_fits_with_it_only_above_the_dec
     assert member is not None and (member.memory, member.memory_measured) == (4 << 30, 2 << 30)
 
 
-async def test_store_gives_the_local_machines_gpus_to_a_group_that_declares_no_capacity(store: Any) -> None:
+async def test_store_gives_the_local_machines_gpus_to_its_one_group_that_declares_no_capacity(store: Any) -> None:
     s: SchedulerStore = store
     await store.put_model(model("chat", shared="card"), NOW)
-    await store.put_gpugroup(declaration("sized", capacity={"devices": 1, "memoryPerDevice": "8Gi"}), NOW)
     assert await s.record_gpu_inventory(backend="local", actuator="a1", device_memory=[24 << 30, 16 << 30], when=NOW)
     assert not await s.record_gpu_inventory(
         backend="local", actuator="a2", device_memory=[24 << 30, 16 << 30], when=NOW
     ), "the same devices again: nothing changed"
     world, _ = await s.load_world(NOW, WINDOW)
-    card, sized = world.group("card"), world.group("sized")
+    card = world.group("card")
     assert card is not None and card.capacity is not None
     assert (card.capacity.devices, card.capacity.memory_per_device) == (2, 16 << 30)
+    assert (await s.load_world(NOW, WINDOW, {"card"}))[0].group("card").capacity == card.capacity  # type: ignore[union-attr]
+
+    # A second group on the machine: each would count every device, so neither gets them (one model at a time
+    # until the group declares its capacity); a declared one keeps its own.
+    await store.put_gpugroup(declaration("sized", capacity={"devices": 1, "memoryPerDevice": "8Gi"}), NOW)
+    for only in (None, {"card"}):
+        world, _ = await s.load_world(NOW, WINDOW, only)
+        assert world.group("card").capacity is None  # type: ignore[union-attr]
+    sized = (await s.load_world(NOW, WINDOW))[0].group("sized")
     assert sized is not None and sized.capacity is not None and sized.capacity.memory_per_device == 8 << 30
+
     assert await s.record_gpu_inventory(backend="local", actuator="a3", device_memory=[], when=NOW)
     world, _ = await s.load_world(NOW, WINDOW)
     assert world.group("card").capacity is None  # type: ignore[union-attr]

@@ -21,14 +21,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from flexinfer_common import subjects
-from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.enums import RuntimePhase
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import Model
-from flexinfer_common.messages import RuntimeStatus, ScaleCommand
+from flexinfer_common.messages import ScaleCommand
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryStore
 from flexinfer_scheduler.loop import Scheduler
 from flexinfer_scheduler.ports import GroupChangeRefused
 from flexinfer_scheduler.settings import SchedulerSettings
+from tests.support.actuator import done, reported
 
 T = TypeVar("T")
 NAMES = ("a", "b", "c")
@@ -128,22 +129,14 @@ class AdminApiMachine(RuleBasedStateMachine):
         if command.generation <= last:
             return  # stale: ignored, as the real actuator does
         self.applied[key] = command.generation
-        if command.action == ScaleAction.ACTIVATE:
+        phase = done(command)
+        if phase is RuntimePhase.READY:
             self.running.add(key)
             self.groups[key] = command.group
-            phase = RuntimePhase.READY
         else:
             self.running.discard(key)
-            phase = RuntimePhase.PARKED
-        status = RuntimeStatus(
-            namespace=key.namespace,
-            model=key.name,
-            phase=phase,
-            generation=command.generation,
-            endpoint="http://127.0.0.1:9",
-            time=self.clock.now(),
-        )
-        self.run(self.bus.deliver(subjects.runtime_status_subject(key.namespace, key.name), status.to_bytes()))
+        subject, status = reported(key.namespace, key.name, phase, command.generation, self.clock.now())
+        self.run(self.bus.deliver(subject, status.to_bytes()))
 
     # -- what must hold after every step -------------------------------------------------------------------------
     @invariant()

@@ -1008,8 +1008,10 @@ def test_crd_printer_columns(crds: dict[str, dict[str, Any]]) -> None:
         ("NODE", ".spec.node", "string"),
         ("EXPIRES", ".status.expiresAt", "string"),
         ("PHASE", ".status.phase", "string"),
+        ("MEMORY", ".spec.memory", "string"),
+        ("DEVICE", ".status.device", "integer"),
     ]
-    # ... and only those: PHASE is for -o wide.
+    # ... and only those: PHASE, MEMORY and DEVICE are for -o wide.
     assert [c["name"] for c in _version(crds["GPULease"])["additionalPrinterColumns"] if not c.get("priority")] == [
         "GROUP",
         "OWNER",

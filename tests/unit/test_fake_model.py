@@ -9,7 +9,6 @@ import json
 import math
 import os
 import signal
-import socket
 import struct
 import sys
 import time
@@ -21,6 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from flexinfer_common.tcp import free_port
 from flexinfer_fake_model.server import STATE_KEY, FakeModelConfig, build_app, parse_args, split_words
 
 MODEL = "test-model"
@@ -373,15 +373,8 @@ def test_parse_args_env_fallback_and_cli_wins(monkeypatch: pytest.MonkeyPatch) -
         parse_args([])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_cli_subprocess_sigterm_exits_zero(http: aiohttp.ClientSession) -> None:
-    port = _free_port()
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         str(CLI), "--port", str(port), "--startup-delay", "0.3", "--model", "cli-model", stderr=asyncio.subprocess.PIPE
     )
@@ -403,7 +396,7 @@ async def test_cli_subprocess_sigterm_exits_zero(http: aiohttp.ClientSession) ->
 
 
 async def test_cli_fail_load_exits_one() -> None:
-    port = _free_port()
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         str(CLI), "--port", str(port), "--startup-delay", "0.1", "--fail-load", stderr=asyncio.subprocess.PIPE
     )

@@ -17,6 +17,8 @@ from flexinfer_scheduler.domain.election import (
     elect,
 )
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member
+from tests.support.elections import Outcome, outcome, rules
+from tests.support.members import member as make_member
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 PARAMS = ElectionParams()  # quiet 10 s, hold 1 x the load (10 s .. 5 min), maxWait 4 min, 240 request-seconds
@@ -45,11 +47,9 @@ def member(
 ) -> Member:
     """``holds``: activated and Ready for ``ready_for`` seconds after a load of ``loaded_in`` (None: loading);
     ``last``: seconds since its last request; ``waited``: seconds since it began to want the GPU."""
-    ready_since = s(ready_for) if holds and ready_for is not None else None
-    issued = s((ready_for or 0) + loaded_in) if holds else None
-    runtime = (RuntimePhase.READY if ready_for is not None else RuntimePhase.LOADING).value if holds else None
-    return Member(
-        key=ModelKey("default", name),
+    return make_member(
+        name,
+        runtime=(RuntimePhase.READY if ready_for is not None else RuntimePhase.LOADING) if holds else None,
         priority=priority,
         last_active_time=s(last) if last is not None else None,
         preempted_at=s(preempted) if preempted is not None else None,
@@ -57,12 +57,8 @@ def member(
         swap_cooldown=cooldown,
         idle_timeout=idle_timeout,
         force_promotion=force,
-        runtime=runtime,
-        desired_action=ScaleAction.ACTIVATE if holds else None,
-        command_generation=1 if holds else 0,
-        runtime_generation=1 if holds else 0,
-        command_issued_at=issued,
-        ready_since=ready_since,
+        command_issued_at=s((ready_for or 0) + loaded_in) if holds else None,
+        ready_since=s(ready_for) if holds and ready_for is not None else None,
         demand_since=s(waited) if waited is not None else None,
         queued=queued,
         in_flight=in_flight,
@@ -74,170 +70,118 @@ def group(*members: Member, lease: Lease | None = None) -> GroupSnapshot:
     return GroupSnapshot("gpu", members, active=holder, lease=lease)
 
 
-CASES = [
-    pytest.param(
+CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
+    "empty-gpu-goes-to-the-first-in-line": (
+        ("b", ElectionReason.DEMAND),
         group(member("a", last=300), member("b", last=1, queued=2, waited=1)),
-        "b",
-        ElectionReason.DEMAND,
-        id="empty-gpu-goes-to-the-first-in-line",
     ),
-    pytest.param(
+    "first-in-line-is-the-highest-priority": (
+        ("b", ElectionReason.DEMAND),
         group(member("a", priority=5, queued=1, waited=50), member("b", priority=50, queued=1, waited=1)),
-        "b",
-        ElectionReason.DEMAND,
-        id="first-in-line-is-the-highest-priority",
     ),
-    pytest.param(
+    "then-the-longest-waiting": (
+        ("b", ElectionReason.DEMAND),
         group(member("a", queued=1, waited=5), member("b", queued=1, waited=50)),
-        "b",
-        ElectionReason.DEMAND,
-        id="then-the-longest-waiting",
     ),
-    pytest.param(
+    "nobody-asked-fallback-as-the-seed": (
+        ("c", ElectionReason.FALLBACK),
         group(member("a"), member("b", last=400), member("c", priority=50)),
-        "c",
-        ElectionReason.FALLBACK,
-        id="nobody-asked-fallback-as-the-seed",
     ),
-    pytest.param(
+    "busy-holder-keeps-the-gpu-within-the-bound": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=5, in_flight=1), member("b", queued=9, waited=200)),
-        "a",
-        ElectionReason.READY,
-        id="busy-holder-keeps-the-gpu-within-the-bound",
     ),
-    pytest.param(
+    "bounded-wait-preempts-a-busy-peer": (
+        ("b", ElectionReason.MAX_WAIT),
         group(member("a", holds=True, last=1, in_flight=2), member("b", queued=1, waited=241)),
-        "b",
-        ElectionReason.MAX_WAIT,
-        id="bounded-wait-preempts-a-busy-peer",
     ),
-    pytest.param(
+    "lower-priority-never-preempts-a-busy-holder": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=1, in_flight=2), member("b", priority=5, queued=50, waited=290)),
-        "a",
-        ElectionReason.READY,
-        id="lower-priority-never-preempts-a-busy-holder",
     ),
-    pytest.param(
+    "higher-priority-with-requests-waiting-preempts-after-the-hold": (
+        ("b", ElectionReason.DEMAND),
         group(member("a", priority=5, holds=True, last=1, in_flight=1), member("b", priority=50, queued=1, waited=1)),
-        "b",
-        ElectionReason.DEMAND,
-        id="higher-priority-with-requests-waiting-preempts-after-the-hold",
     ),
-    pytest.param(
+    "hold-pays-for-the-load-30s-loaded-20s-ready": (
+        ("a", ElectionReason.COOLDOWN),
         group(
             member("a", priority=5, holds=True, ready_for=20, loaded_in=30, last=1, in_flight=1),
             member("b", priority=50, queued=1, waited=1),
         ),
-        "a",
-        ElectionReason.COOLDOWN,
-        id="hold-pays-for-the-load-30s-loaded-20s-ready",
     ),
-    pytest.param(
+    "a-load-with-requests-waiting-is-never-aborted-for-demand": (
+        ("a", ElectionReason.COOLDOWN),
         group(member("a", holds=True, ready_for=None, queued=3), member("b", priority=50, queued=1, waited=100)),
-        "a",
-        ElectionReason.COOLDOWN,
-        id="a-load-with-requests-waiting-is-never-aborted-for-demand",
     ),
-    pytest.param(
+    "a-load-nobody-waits-for-yields": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, ready_for=None), member("b", queued=1, waited=1)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="a-load-nobody-waits-for-yields",
     ),
-    pytest.param(
+    "quiet-higher-priority-holder-unasked-2min-yields-to-a-lower-one": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", priority=100, holds=True, last=130), member("b", priority=5, queued=1, waited=1)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="quiet-higher-priority-holder-unasked-2min-yields-to-a-lower-one",
     ),
-    pytest.param(
+    "a-peer-just-gone-quiet-keeps-the-gpu-for-one-request": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=12), member("b", queued=1, waited=12)),
-        "a",
-        ElectionReason.READY,
-        id="a-peer-just-gone-quiet-keeps-the-gpu-for-one-request",
     ),
-    pytest.param(
+    "a-peer-just-gone-quiet-yields-to-a-burst": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, last=12), member("b", queued=30, waited=12)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="a-peer-just-gone-quiet-yields-to-a-burst",
     ),
-    pytest.param(
+    "a-quiet-peer-nobody-ever-asked-for-yields-to-one-request": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, ready_for=11), member("b", queued=1, waited=11)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="a-quiet-peer-nobody-ever-asked-for-yields-to-one-request",
     ),
-    pytest.param(
+    "a-fallback-nobody-ever-asked-for-yields-at-once-though-just-loaded": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, ready_for=1), member("b", queued=1, waited=1)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="a-fallback-nobody-ever-asked-for-yields-at-once-though-just-loaded",
     ),
-    pytest.param(
+    "not-quiet-within-the-quiet-period": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=5), member("b", queued=30, waited=60)),
-        "a",
-        ElectionReason.READY,
-        id="not-quiet-within-the-quiet-period",
     ),
-    pytest.param(
+    "a-quiet-guest-yields-to-a-higher-priority-at-once": (
+        ("b", ElectionReason.QUIET_YIELD),
         group(member("a", priority=5, holds=True, last=11), member("b", priority=50, queued=1, waited=1)),
-        "b",
-        ElectionReason.QUIET_YIELD,
-        id="a-quiet-guest-yields-to-a-higher-priority-at-once",
     ),
-    pytest.param(
+    "a-demand-message-alone-never-preempts-a-busy-holder": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=1, in_flight=1), member("b", last=1, waited=300)),
-        "a",
-        ElectionReason.READY,
-        id="a-demand-message-alone-never-preempts-a-busy-holder",
     ),
-    pytest.param(
+    "what-a-parked-model-served-before-is-no-demand": (
+        ("a", ElectionReason.READY),
         group(member("a", holds=True, last=200), member("b", last=250, idle_parked=250)),
-        "a",
-        ElectionReason.READY,
-        id="what-a-parked-model-served-before-is-no-demand",
     ),
-    pytest.param(
+    "a-swapCooldown-the-user-set-holds-as-the-seed": (
+        ("a", ElectionReason.COOLDOWN),
         group(
             member("a", holds=True, last=1, in_flight=1, cooldown=timedelta(minutes=5)),
             member("b", priority=50, queued=1, waited=1, preempted=60),
         ),
-        "a",
-        ElectionReason.COOLDOWN,
-        id="a-swapCooldown-the-user-set-holds-as-the-seed",
     ),
-    pytest.param(
+    "force-promotion-wins": (
+        ("b", ElectionReason.FORCE_PROMOTION),
+        group(member("a", holds=True, last=1, in_flight=1), member("b", priority=-5, force=True)),
+    ),
+    "a-lease-beats-everything": (
+        (None, ElectionReason.LEASE),
         group(
-            member("a", holds=True, last=1, in_flight=1),
-            member("b", priority=-5, force=True),
+            member("a", holds=True, last=1, in_flight=1), lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=1))
         ),
-        "b",
-        ElectionReason.FORCE_PROMOTION,
-        id="force-promotion-wins",
     ),
-    pytest.param(
-        group(
-            member("a", holds=True, last=1, in_flight=1),
-            lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=1)),
-        ),
-        None,
-        ElectionReason.LEASE,
-        id="a-lease-beats-everything",
-    ),
-    pytest.param(
+    "idle-timeout-parks-the-holder": (
+        ("b", ElectionReason.FALLBACK),
         group(member("a", holds=True, last=400, idle_timeout=timedelta(minutes=5)), member("b")),
-        "b",
-        ElectionReason.FALLBACK,
-        id="idle-timeout-parks-the-holder",
     ),
-]
+}
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), rules(CASES))
 def test_flexinfer_policy(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     election = choose_flexinfer_leader(snapshot, NOW, PARAMS)
-    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
+    assert outcome(election) == (leader, reason)
     assert elect(snapshot, NOW, PARAMS) == election  # the default policy
 
 

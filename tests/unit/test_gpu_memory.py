@@ -25,14 +25,16 @@ from flexinfer_actuator.domain.gpu_memory import (
 )
 from flexinfer_common import subjects
 from flexinfer_common.clock import FakeClock
-from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.enums import RuntimePhase
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import GPUGroup, Model
-from flexinfer_common.messages import ActuatorHello, Demand, ModelEvent, ModelStatusUpdate, RuntimeStatus, ScaleCommand
+from flexinfer_common.messages import ActuatorHello, Demand, ModelEvent, ModelStatusUpdate, ScaleCommand
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryStore
 from flexinfer_scheduler.domain.model import Capacity
 from flexinfer_scheduler.loop import Scheduler
 from flexinfer_scheduler.settings import SchedulerSettings
+from tests.support.actuator import done, reported
+from tests.support.waiting import wait_for
 
 GiB = 1 << 30
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -189,21 +191,13 @@ class Harness:
             commands = [m for m in self.bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
             for command in commands[self.seen :]:
                 self.seen += 1
-                ready = command.action is ScaleAction.ACTIVATE
-                await self.report(command.generation, RuntimePhase.READY if ready else RuntimePhase.PARKED)
+                await self.report(command.generation, done(command))
             await asyncio.sleep(0.05)
 
     async def report(self, generation: int, phase: RuntimePhase = RuntimePhase.READY) -> None:
-        status = RuntimeStatus(
-            namespace="default",
-            model="chat",
-            phase=phase,
-            generation=generation,
-            endpoint="http://127.0.0.1:9",
-            time=self.now(),
-            gpu_memory=self.measured if phase is RuntimePhase.READY else None,
-        )
-        assert await self.bus.deliver(subjects.runtime_status_subject("default", "chat"), status.to_bytes())
+        measured = self.measured if phase is RuntimePhase.READY else None
+        subject, status = reported("default", "chat", phase, generation, self.now(), gpu_memory=measured)
+        assert await self.bus.deliver(subject, status.to_bytes())
 
     def memory(self) -> tuple[int, str] | None:
         updates = [m for m in self.bus.messages(subjects.MODEL_STATUS_PREFIX) if isinstance(m, ModelStatusUpdate)]
@@ -223,11 +217,7 @@ class Harness:
         return member.memory
 
     async def until(self, predicate: Any, within: float = 30) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while not predicate():
-            assert loop.time() - start < within, "condition not met in time"
-            await asyncio.sleep(0.05)
+        await wait_for(predicate, within=within)
 
 
 @contextlib.asynccontextmanager
@@ -323,3 +313,26 @@ async def test_a_declared_capacity_wins_over_the_discovered_one() -> None:
     world, _ = await store.load_world(START, timedelta(minutes=1))
     snapshot = world.group("gpu")
     assert snapshot is not None and snapshot.capacity == Capacity(1, 8 * GiB)
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_with_two_groups_on_the_machine_neither_gets_its_gpus_and_a_warning_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each group counting both cards could load twice what they hold together: one model at a time each, as before.
+    store = MemoryStore()
+    scheduler = Scheduler(
+        store=store, bus=MemoryBus(), lock=MemoryLeaderLock(), settings=SchedulerSettings(), clock=FakeClock(START)
+    )
+    await store.put_model(model(None), START)
+    embed = model(None).model_copy(deep=True)
+    embed.metadata.name = "embed"
+    embed.spec.gpu.shared = "embeddings"  # type: ignore[union-attr]
+    await store.put_model(embed, START)
+    hello = ActuatorHello(actuator="a1", backend="local", time=START, gpu_devices=[24 * GiB, 24 * GiB])
+    with caplog.at_level(logging.WARNING):
+        await scheduler.on_actuator_hello(hello, None)
+    world, _ = await store.load_world(START, timedelta(minutes=1))
+    assert [(g.name, g.capacity) for g in world.groups] == [("embeddings", None), ("gpu", None)]
+    (warning,) = [r for r in caplog.records if "several groups share this machine" in r.getMessage()]
+    assert warning.groups == ["embeddings", "gpu"]  # type: ignore[attr-defined]

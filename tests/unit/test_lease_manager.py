@@ -510,6 +510,7 @@ def plan(
     caches: list[dict[str, Any]] = (),  # type: ignore[assignment]
     configmaps: list[dict[str, Any]] = (),  # type: ignore[assignment]
     groups: frozenset[str] = frozenset({"gpu"}),
+    memory_per_device: dict[str, int] | None = None,
 ) -> KubePlan:
     return plan_kubernetes(
         KubeWorld(
@@ -522,6 +523,7 @@ def plan(
             now=NOW,
             default_ttl=HOUR,
             refresh=timedelta(seconds=30),
+            memory_per_device=memory_per_device or {},
         )
     )
 
@@ -562,6 +564,25 @@ def test_a_gpulease_with_memory_is_acquired_with_it_and_shows_the_device_reserve
     held = dataclasses.replace(acquire.lease, device=1)
     assert lease_status(held)["device"] == 1
     assert "device" not in lease_status(dataclasses.replace(held, memory=None)), "a whole-group lease has none"
+
+
+def test_a_gpulease_asking_more_memory_than_one_device_holds_waits_with_a_warning_and_is_never_acquired() -> None:
+    # What the REST API refuses with 422 (a reservation that can never fit on one device of a declared capacity).
+    obj = gpulease_obj("big", uid="gl-9")
+    obj["spec"]["memory"] = "30Gi"
+    result = plan(gpuleases=[obj], memory_per_device={"gpu": 24 << 30})
+    assert not result.acquire
+    assert statuses(result)["big"]["phase"] == "Pending"
+    assert statuses(result)["big"]["message"].startswith(
+        f"invalid spec: spec.memory: {30 << 30} bytes is more than one device of group gpu holds"
+    )
+    assert [(n.kind, n.reason) for n in result.notes] == [("GPULease", "InvalidSpec")]
+    # At most one device's memory, or a group that declares no capacity (the whole group is leased): acquired.
+    for fits in ("24Gi", "8Gi"):
+        obj["spec"]["memory"] = fits
+        assert [a.lease.name for a in plan(gpuleases=[obj], memory_per_device={"gpu": 24 << 30}).acquire] == ["big"]
+    obj["spec"]["memory"] = "30Gi"
+    assert [a.lease.name for a in plan(gpuleases=[obj]).acquire] == ["big"]
 
 
 def test_gpuleases_for_a_held_group_wait_pending_and_the_oldest_goes_first() -> None:

@@ -82,6 +82,17 @@ def ok(body: bytes = b"hello", **headers: str) -> Script:
     return script
 
 
+def raw(answer: bytes, *, keep: bool) -> Script:
+    """Writes ``answer`` as it is to each request; ``keep``: the connection stays open for the next one."""
+
+    async def script(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
+        writer.write(answer)
+        await writer.drain()
+        return keep
+
+    return script
+
+
 class Sink:
     """Records what a connection pushes (the ``AnswerSink`` port), with events to wait on."""
 
@@ -209,10 +220,7 @@ async def test_chunked_answers_come_piece_by_piece_with_their_framing(client: Ht
 
 
 async def test_an_answer_without_a_length_ends_when_the_model_closes(client: Http1Client) -> None:
-    async def until_close(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
-        await writer.drain()
-        return False
+    until_close = raw(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it", keep=False)
 
     async with Server(until_close) as server:
         sink = await answered(*await send(client, server.port, b"GET", b"/"))
@@ -220,10 +228,7 @@ async def test_an_answer_without_a_length_ends_when_the_model_closes(client: Htt
 
 
 async def test_head_and_204_answers_have_no_body(client: Http1Client) -> None:
-    async def no_content(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
-        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
-        await writer.drain()
-        return True
+    no_content = raw(b"HTTP/1.1 204 No Content\r\n\r\n", keep=True)
 
     async with Server(ok(b"x" * 100)) as server:
         sink = await answered(*await send(client, server.port, b"HEAD", b"/"))
@@ -255,10 +260,7 @@ async def test_failures_before_and_after_the_answer_started(client: Http1Client)
     async def hang_up(_r: asyncio.StreamReader, _w: asyncio.StreamWriter, _h: bytes) -> bool:
         return False
 
-    async def break_mid_body(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
-        await writer.drain()
-        return False
+    break_mid_body = raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart", keep=False)
 
     async with Server(hang_up) as server:
         sink = await answered(*await send(client, server.port, b"GET", b"/"))
@@ -276,10 +278,9 @@ async def test_failures_before_and_after_the_answer_started(client: Http1Client)
 
 
 async def test_a_second_answer_to_one_request_is_a_broken_stream(client: Http1Client) -> None:
-    async def twice(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _h: bytes) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil")
-        await writer.drain()
-        return True
+    twice = raw(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil", keep=True
+    )
 
     async with Server(twice) as server:
         sink = await answered(*await send(client, server.port, b"GET", b"/"))

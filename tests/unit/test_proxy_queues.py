@@ -90,6 +90,19 @@ class Rig:
             self.queues.leave(KEY, waiter)
 
 
+async def one_wait(made: Rig) -> ProxyError:
+    """One request waits for its turn (the demand signaller running) until it is refused: the refusal."""
+    await made.demand.start()
+    try:
+        waiter = made.queues.join(KEY)
+        with pytest.raises(ProxyError) as caught:
+            await made.queues.wait_turn(KEY, waiter)
+        made.queues.leave(KEY, waiter)
+    finally:
+        await made.demand.stop()
+    return caught.value
+
+
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     made = Rig()
@@ -195,17 +208,10 @@ async def test_route_failure_or_removal_fails_every_waiter(
 async def test_wait_past_the_queue_timeout(bus_down: bool, status: int, code: ErrorCode) -> None:
     made = Rig(queue_timeout=0.1)
     made.publisher.down = bus_down
-    await made.demand.start()
-    try:
-        waiter = made.queues.join(KEY)
-        with pytest.raises(ProxyError) as caught:
-            await made.queues.wait_turn(KEY, waiter)
-        made.queues.leave(KEY, waiter)
-    finally:
-        await made.demand.stop()
-    assert (caught.value.status, caught.value.code) == (status, code)
+    refused = await one_wait(made)
+    assert (refused.status, refused.code) == (status, code)
     if bus_down:
-        assert "nats: no servers available" in caught.value.message
+        assert "nats: no servers available" in refused.message
     assert made.queues.length(KEY) == 0
 
 
@@ -260,16 +266,9 @@ async def test_newcomer_for_a_failed_model_queues_signals_demand_and_waits_for_t
 async def test_timeout_while_the_route_still_carries_its_failure_names_it() -> None:
     made = Rig(queue_timeout=0.1)
     made.set_route(route(failure="exit 1"))
-    await made.demand.start()
-    try:
-        waiter = made.queues.join(KEY)
-        with pytest.raises(ProxyError) as caught:
-            await made.queues.wait_turn(KEY, waiter)
-        made.queues.leave(KEY, waiter)
-    finally:
-        await made.demand.stop()
-    assert (caught.value.status, caught.value.code) == (503, ErrorCode.MODEL_FAILED)
-    assert "exit 1" in caught.value.message
+    refused = await one_wait(made)
+    assert (refused.status, refused.code) == (503, ErrorCode.MODEL_FAILED)
+    assert "exit 1" in refused.message
 
 
 async def test_demand_of_clients_that_left_ends_without_new_activity(rig: Rig) -> None:

@@ -3,67 +3,15 @@ pipelining, refusals and lingering."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from flexinfer_proxy.adapters.http_server import HttpServer, Request, ServerConnection
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-        self.eof = False
-        self.paused = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def get_extra_info(self, *_: Any) -> None:
-        return None
-
-
-class Handler:
-    """Collects whole requests; answers each with its target once ``answer`` is called."""
-
-    def __init__(self) -> None:
-        self.requests: list[Request] = []
-
-    def head(self, request: Request) -> bool:
-        return False
-
-    def request(self, request: Request) -> None:
-        self.requests.append(request)
-
-    @staticmethod
-    def answer(request: Request) -> None:
-        request.conn.respond(request, 200, request.url)
+from flexinfer_proxy.adapters.http_server import HttpServer, ServerConnection
+from tests.support.proxy_server import FakeTransport, Handler, connect
 
 
 def connection(max_body: int = 1024) -> tuple[ServerConnection, FakeTransport, Handler]:
     handler = Handler()
-    conn = ServerConnection(HttpServer(handler, max_body=max_body))
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn, transport = connect(HttpServer(handler, max_body=max_body))
     return conn, transport, handler
 
 

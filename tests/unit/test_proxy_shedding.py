@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from flexinfer_proxy.adapters.http_server import HttpServer, Request, ServerConnection
+from flexinfer_proxy.adapters.http_server import HttpServer, ServerConnection
 from flexinfer_proxy.domain.shedding import Limits, Shed, ShedLog, admit_connection, too_slow
+from tests.support import proxy_server
+from tests.support.proxy_server import FakeTransport, Handler
 
 LIMITS = Limits(max_connections=4, max_per_client=2, header_timeout=10.0, body_timeout=10.0, body_min_rate=1000.0)
 
@@ -61,55 +63,8 @@ def test_shed_log_says_at_most_one_line_per_interval_with_the_counts() -> None:
 # --------------------------------------------------------------------------- the server applying them
 
 
-class FakeTransport:
-    def __init__(self, peer: str = "10.0.0.1") -> None:
-        self.peer = peer
-        self.written = b""
-        self.closed = False
-        self.eof = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return (self.peer, 40000) if name == "peername" else default
-
-
-class Handler:
-    def __init__(self) -> None:
-        self.requests: list[Request] = []
-
-    def head(self, request: Request) -> bool:
-        return False
-
-    def request(self, request: Request) -> None:
-        self.requests.append(request)
-        request.conn.respond(request, 200, b"{}")
-
-
 def connect(server: HttpServer, peer: str = "10.0.0.1") -> tuple[ServerConnection, FakeTransport]:
-    conn = ServerConnection(server)
-    transport = FakeTransport(peer)
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport
+    return proxy_server.connect(server, peer)
 
 
 def error_of(written: bytes) -> tuple[int, dict[str, Any]]:
@@ -121,7 +76,7 @@ GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 async def test_connections_past_the_caps_get_503_once_their_head_is_read_and_the_others_are_served() -> None:
-    handler = Handler()
+    handler = Handler(at_once=b"{}")
     server = HttpServer(handler, max_body=1024, limits=LIMITS)
     a1, _ = connect(server, "10.0.0.1")
     connect(server, "10.0.0.1")
@@ -147,7 +102,7 @@ async def test_connections_past_the_caps_get_503_once_their_head_is_read_and_the
 
 
 async def test_a_refused_connection_that_sends_no_head_is_closed_after_a_second() -> None:
-    server = HttpServer(Handler(), max_body=1024, limits=LIMITS)
+    server = HttpServer(Handler(at_once=b"{}"), max_body=1024, limits=LIMITS)
     for _ in range(2):
         connect(server)
     conn, transport = connect(server)
@@ -159,7 +114,7 @@ async def test_a_refused_connection_that_sends_no_head_is_closed_after_a_second(
 
 async def test_past_the_refusal_backlog_connections_are_closed_at_once() -> None:
     limits = Limits(max_connections=1, max_per_client=0, header_timeout=10, body_timeout=10, body_min_rate=1000)
-    server = HttpServer(Handler(), max_body=1024, limits=limits)
+    server = HttpServer(Handler(at_once=b"{}"), max_body=1024, limits=limits)
     connect(server)
     waiting = [connect(server)[1] for _ in range(limits.shed_backlog)]
     _, closed = connect(server)
@@ -179,7 +134,7 @@ async def test_past_the_refusal_backlog_connections_are_closed_at_once() -> None
     ],
 )
 async def test_a_request_arriving_too_slowly_gets_408(data: bytes, after: float, part: str) -> None:
-    handler = Handler()
+    handler = Handler(at_once=b"{}")
     server = HttpServer(handler, max_body=2_000_000, limits=LIMITS)
     conn, transport = connect(server)
     conn.data_received(data)
@@ -195,7 +150,7 @@ async def test_a_request_arriving_too_slowly_gets_408(data: bytes, after: float,
 
 
 async def test_a_body_at_the_minimum_rate_is_not_cut() -> None:
-    handler = Handler()
+    handler = Handler(at_once=b"{}")
     server = HttpServer(handler, max_body=2_000_000, limits=LIMITS)
     conn, transport = connect(server)
     conn.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 30000\r\n\r\n")
@@ -209,7 +164,7 @@ async def test_a_body_at_the_minimum_rate_is_not_cut() -> None:
 
 
 async def test_time_paused_by_the_proxy_does_not_count_against_the_body() -> None:
-    server = HttpServer(Handler(), max_body=2_000_000, limits=LIMITS)
+    server = HttpServer(Handler(at_once=b"{}"), max_body=2_000_000, limits=LIMITS)
     conn, transport = connect(server)
     conn.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
     assert conn.current is not None
@@ -224,7 +179,7 @@ async def test_time_paused_by_the_proxy_does_not_count_against_the_body() -> Non
 
 
 async def test_a_connection_that_never_sends_a_byte_is_closed_after_the_header_timeout() -> None:
-    server = HttpServer(Handler(), max_body=1024, limits=LIMITS)
+    server = HttpServer(Handler(at_once=b"{}"), max_body=1024, limits=LIMITS)
     conn, transport = connect(server)
     conn.sweep(conn.opened + 9, 75.0, LIMITS)
     assert not transport.closed

@@ -15,14 +15,16 @@ import pytest
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Delivery
-from flexinfer_common.enums import RuntimePhase, ScaleAction
+from flexinfer_common.enums import RuntimePhase
 from flexinfer_common.keys import ModelKey
-from flexinfer_common.messages import RuntimeStatus, ScaleCommand, SpecChange
+from flexinfer_common.messages import ScaleCommand, SpecChange
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryStore
 from flexinfer_scheduler.loop import Scheduler
 from flexinfer_scheduler.ports import Origin
 from flexinfer_scheduler.settings import SchedulerSettings
 from flexinfer_scheduler.specs import SpecInbox
+from tests.support.actuator import done, reported
+from tests.support.waiting import wait_for
 from tests.unit.test_scheduler_loop import LoopClock, manifest
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -50,22 +52,14 @@ class StrictActuator:
                 self.ignored += 1
                 continue
             self.applied[key] = command.generation
-            if command.action == ScaleAction.ACTIVATE:
+            phase = done(command)
+            if phase is RuntimePhase.READY:
                 self.running.add(key)
-                phase = RuntimePhase.READY
             else:
                 self.running.discard(key)
-                phase = RuntimePhase.PARKED
             self.most_at_once = max(self.most_at_once, len(self.running))
-            status = RuntimeStatus(
-                namespace=key.namespace,
-                model=key.name,
-                phase=phase,
-                generation=command.generation,
-                endpoint="http://127.0.0.1:9",
-                time=self.clock.now(),
-            )
-            await self.bus.deliver(subjects.runtime_status_subject(key.namespace, key.name), status.to_bytes())
+            subject, status = reported(key.namespace, key.name, phase, command.generation, self.clock.now())
+            await self.bus.deliver(subject, status.to_bytes())
 
     async def run(self) -> None:
         while True:
@@ -86,11 +80,7 @@ class World:
         return route is not None and route.ready and key in self.actuator.running
 
     async def until(self, predicate: Any, within: float = 120) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while not predicate():
-            assert loop.time() - start < within, "condition not met in time"
-            await asyncio.sleep(0.05)
+        await wait_for(predicate, within=within)
 
     async def delete(self, key: ModelKey) -> bool:
         """What the admin API's DELETE does; True when the row went at once."""

@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 
 from flexinfer_common import subjects
+from flexinfer_common.db import SwapRow
 from flexinfer_common.enums import RuntimePhase, ScaleAction, SwapPhase
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.manifests import Model
 from flexinfer_common.messages import Demand, InFlightCount, InFlightReport, RuntimeStatus, ScaleCommand
 from flexinfer_scheduler.adapters.memory import MemoryBus, MemoryLeaderLock, MemoryLocks, MemoryStore
 from flexinfer_scheduler.loop import Scheduler
-from flexinfer_scheduler.ports import World
+from flexinfer_scheduler.ports import DemandReport, RuntimeReport, World
 from flexinfer_scheduler.settings import SchedulerSettings
+from tests.support.actuator import done, reported
+from tests.support.waiting import wait_for
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -80,25 +83,15 @@ class Harness:
         while True:
             for command in self.commands()[self.seen :]:
                 self.seen += 1
-                phase = RuntimePhase.READY if command.action == ScaleAction.ACTIVATE else RuntimePhase.PARKED
-                status = RuntimeStatus(
-                    namespace=command.namespace,
-                    model=command.model,
-                    phase=phase,
-                    generation=command.generation,
-                    endpoint="http://127.0.0.1:9",
-                    time=self.clock.now(),
-                )
-                await self.say(subjects.runtime_status_subject(command.namespace, command.model), status)
+                phase = done(command)
+                await self.say(*reported(command.namespace, command.model, phase, command.generation, self.clock.now()))
             await asyncio.sleep(0.05)
 
     async def until(self, predicate: Any, within: float = 60) -> float:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while not predicate():
-            assert loop.time() - start < within, "condition not met in time"
-            await asyncio.sleep(0.05)
-        return loop.time() - start
+        """How long ``predicate`` took to hold (polled every 50 ms; fails after ``within`` s)."""
+        start = asyncio.get_running_loop().time()
+        await wait_for(predicate, within=within)
+        return asyncio.get_running_loop().time() - start
 
 
 @contextlib.asynccontextmanager
@@ -126,14 +119,27 @@ def ready(h: Harness, key: ModelKey) -> bool:
     return route is not None and route.ready
 
 
+async def serving(h: Harness, key: ModelKey) -> None:
+    """A request for ``key`` (nothing else asked for): until its route is ready."""
+    await h.demand(key)
+    await h.until(lambda: ready(h, key))
+
+
+def swap_to(h: Harness, name: str) -> SwapRow:
+    return next(s for s in h.store.swaps.values() if s.to_name == name)
+
+
+def told_to_park(h: Harness, name: str) -> bool:
+    return any(c.model == name and c.action == ScaleAction.PARK for c in h.commands())
+
+
 async def test_a_busy_model_drains_its_requests_in_flight_before_it_is_parked() -> None:
     async with running() as h:
         await drains_in_flight(h)
 
 
 async def drains_in_flight(h: Harness) -> None:
-    await h.demand(A)
-    await h.until(lambda: ready(h, A))
+    await serving(h, A)
     await h.in_flight({A: 2})  # the proxy is forwarding two requests to a
     for _ in range(40):  # a is busy all along; b waits behind it for its maxWait (30 s)
         await h.demand(B)
@@ -142,16 +148,16 @@ async def drains_in_flight(h: Harness) -> None:
         await h.in_flight({A: 2})
         if not ready(h, A):
             break
-    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    swap = swap_to(h, "b")
     assert swap.reason == "max-wait" and swap.phase == SwapPhase.DRAINING
     assert not ready(h, A)  # the route takes no new requests for a while it drains
-    assert not any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands())
+    assert not told_to_park(h, "a")
     await asyncio.sleep(5)
     await h.in_flight({A: 2})
-    assert not any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands())
+    assert not told_to_park(h, "a")
 
     await h.in_flight({})  # they finished: the drain is over at once
-    await h.until(lambda: any(c.model == "a" and c.action == ScaleAction.PARK for c in h.commands()), within=1)
+    await h.until(lambda: told_to_park(h, "a"), within=1)
     await h.until(lambda: ready(h, B))
     assert 5 <= h.store.swaps[swap.id].phases["draining"] < 7
     # each command carries what the actuator needs to run its own model, from that model's manifest
@@ -165,8 +171,7 @@ async def test_a_drain_ends_at_its_timeout() -> None:
 
 
 async def drain_times_out(h: Harness) -> None:
-    await h.demand(A)
-    await h.until(lambda: ready(h, A))
+    await serving(h, A)
     for _ in range(60):
         await h.demand(B)
         await h.demand(A, queued=0)
@@ -174,7 +179,7 @@ async def drain_times_out(h: Harness) -> None:
         await asyncio.sleep(1)
         if ready(h, B):
             break
-    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    swap = swap_to(h, "b")
     assert swap.finished_at is not None and 20 <= swap.phases["draining"] < 22  # FLEXINFER_DRAIN_TIMEOUT
 
 
@@ -184,13 +189,12 @@ async def test_an_idle_model_is_parked_without_a_drain() -> None:
 
 
 async def parks_idle_at_once(h: Harness) -> None:
-    await h.demand(A)
-    await h.until(lambda: ready(h, A))
+    await serving(h, A)
     await asyncio.sleep(300)  # a idle for longer than the demand window
     await h.demand(B)
     waited = await h.until(lambda: ready(h, B))
     assert waited < 1
-    swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+    swap = swap_to(h, "b")
     assert swap.reason == "idle" and swap.phases["draining"] == 0  # a quiet holder yields, not preempted
 
 
@@ -203,8 +207,7 @@ async def test_a_lower_priority_model_gets_a_quiet_gpu_once_its_wait_is_worth_a_
     240 request-seconds scaled by how recently a was asked (1 - a's idle time / 2 min): at 80 s here. a is parked
     as idle (swap reason idle), not preempted."""
     async with running(b_priority=5, quiet_yield=quiet_yield) as h:
-        await h.demand(A)
-        await h.until(lambda: ready(h, A))
+        await serving(h, A)
         await h.demand(A, queued=0)  # a's request was answered
         asked = h.clock.now()
         for _ in range(120):  # b's requests wait; a gets no request
@@ -213,7 +216,7 @@ async def test_a_lower_priority_model_gets_a_quiet_gpu_once_its_wait_is_worth_a_
             if ready(h, B):
                 break
         assert ready(h, B)
-        swap = next(s for s in h.store.swaps.values() if s.to_name == "b")
+        swap = swap_to(h, "b")
         assert swap.reason == "idle" and after <= (swap.started_at - asked).total_seconds() < after + 5
 
 
@@ -280,7 +283,7 @@ async def test_a_demand_recorded_while_a_reconcile_slice_loads_is_elected_before
         if groups is not None and "g00" in groups and store.during_load is not None:
             store.during_load = None
             await store.record_demand(
-                namespace="default", name="m59", source="p1", queued=1, when=clock.now(), message_id="d1"
+                DemandReport(namespace="default", name="m59", source="p1", queued=1, when=clock.now(), message_id="d1")
             )
             scheduler.kick("g59")
 
@@ -439,13 +442,15 @@ async def test_a_route_that_makes_a_model_ready_goes_out_only_once_the_plan_is_s
     key = ModelKey("default", "m00")
     activate = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)][-1]
     await store.record_runtime(
-        namespace="default",
-        name="m00",
-        phase=RuntimePhase.READY.value,
-        generation=activate.generation,
-        endpoint="http://127.0.0.1:9000",
-        message=None,
-        when=clock.now(),
+        RuntimeReport(
+            namespace="default",
+            name="m00",
+            phase=RuntimePhase.READY.value,
+            generation=activate.generation,
+            endpoint="http://127.0.0.1:9000",
+            message=None,
+            when=clock.now(),
+        )
     )
     store.failing = True
     with pytest.raises(ConnectionError):
@@ -467,8 +472,7 @@ async def test_a_crash_after_ready_is_an_event_with_its_reason_a_restart_count_a
 
     async with running(restart_backoff=1) as h:
         before = restarts_metric()
-        await h.demand(A)
-        await h.until(lambda: ready(h, A))
+        await serving(h, A)
         generation = h.store.models[A].command_generation
         crash = RuntimeStatus(
             namespace="default",

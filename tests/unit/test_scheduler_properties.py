@@ -764,17 +764,23 @@ def test_actuator_restart_reissues_every_command_and_keeps_the_leader() -> None:
     assert sim.serving(A) and sim.running == [A]
 
 
+def fails_to_load(sim: Sim, key: ModelKey) -> GroupPlan:
+    """A pass activates ``key``, the actuator carries out what the pass sent, and ``key``'s process exits while it
+    loads: the next pass."""
+    sim.plan()
+    for command in sim.inflight:
+        sim.deliver(command)
+    sim.inflight.clear()
+    sim.crash(key, "process exited before it was ready (exit code 1)")
+    return sim.plan()
+
+
 def test_a_promotion_that_fails_to_load_releases_the_group() -> None:
     """A promote call is one-shot: when the promoted model fails to load, the promotion is over and the group goes
     back to its election (it used to stay pinned on the dead model, with demand for the others ignored)."""
     sim = Sim(GroupSnapshot("gpu", (member("a"), member("b"))))
     sim.write(A, promoted_at=sim.now)
-    sim.plan()
-    for command in sim.inflight:
-        sim.deliver(command)
-    sim.inflight.clear()
-    sim.crash(A, "process exited before it was ready (exit code 1)")
-    p = sim.plan()
+    p = fails_to_load(sim, A)
     assert sim.member(A).promoted_at is None and sim.member(A).failed_at == sim.now
     assert p.statuses[A].phase == ModelPhase.FAILED and p.statuses[A].failure
     assert sim.drive(B, until=sim.now + 6 * TICK)
@@ -785,12 +791,7 @@ def test_a_forced_model_that_failed_to_load_shows_failed_until_asked_again() -> 
     reason (so its queue is answered), and a new request for it starts it again."""
     sim = Sim(GroupSnapshot("gpu", (member("a"), member("b"))))
     sim.write(A, force_promotion=True)
-    sim.plan()
-    for command in sim.inflight:
-        sim.deliver(command)
-    sim.inflight.clear()
-    sim.crash(A, "process exited before it was ready (exit code 1)")
-    p = sim.plan()
+    p = fails_to_load(sim, A)
     assert p.active == A
     assert p.statuses[A].phase == ModelPhase.FAILED
     assert p.statuses[A].failure == "process exited before it was ready (exit code 1)"

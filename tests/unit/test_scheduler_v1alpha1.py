@@ -14,11 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction
+from flexinfer_common.enums import GroupPolicy, RuntimePhase
 from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, determine_active_model, elect
 from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import plan_group
+from tests.support.elections import Outcome, outcome, rules
+from tests.support.members import member
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 POLICY = V1Alpha1Policy()
@@ -44,8 +46,9 @@ def model(
     promoted: datetime | None = None,
     demand_since: datetime | None = None,
 ) -> Member:
-    return Member(
-        key=ModelKey("default", name),
+    return member(
+        name,
+        runtime=RuntimePhase.READY if ready else None,
         priority=priority,
         queued=queued,
         last_active_time=active,
@@ -56,10 +59,6 @@ def model(
         force_promotion=force,
         promoted_at=promoted,
         demand_since=demand_since,
-        runtime=RuntimePhase.READY.value if ready else None,
-        desired_action=ScaleAction.ACTIVATE if ready else None,
-        command_generation=1 if ready else 0,
-        runtime_generation=1 if ready else 0,
         ready_since=(ready_since or ago(minutes=10)) if ready else None,
     )
 
@@ -114,93 +113,67 @@ def group(
     )
 
 
-CASES = [
+CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
     # Hysteresis: a challenger's demand must have lasted 10 s before it takes the GPU; the incumbent holds meanwhile.
-    pytest.param(
+    "hysteresis-demand-lasting-10s-swaps": (
+        ("b", ElectionReason.DEMAND),
         group(serving(), demand(lasted=timedelta(seconds=10)), active="a"),
-        "b",
-        ElectionReason.DEMAND,
-        id="hysteresis-demand-lasting-10s-swaps",
     ),
-    pytest.param(
+    "hysteresis-demand-younger-than-10s-waits": (
+        ("a", ElectionReason.HYSTERESIS),
         group(serving(), demand(lasted=timedelta(seconds=9)), active="a"),
-        "a",
-        ElectionReason.HYSTERESIS,
-        id="hysteresis-demand-younger-than-10s-waits",
     ),
-    pytest.param(
+    "hysteresis-three-requests-for-an-idle-group-do-not-swap-at-once": (
+        ("a", ElectionReason.HYSTERESIS),
         group(serving(), demand(lasted=timedelta(0)), active="a"),
-        "a",
-        ElectionReason.HYSTERESIS,
-        id="hysteresis-three-requests-for-an-idle-group-do-not-swap-at-once",
     ),
-    pytest.param(
+    "hysteresis-window-from-policy": (
+        ("a", ElectionReason.HYSTERESIS),
         group(
             serving(),
             demand(lasted=timedelta(seconds=25)),
             active="a",
             policy=V1Alpha1Policy(hysteresis_window=timedelta(seconds=30)),
         ),
-        "a",
-        ElectionReason.HYSTERESIS,
-        id="hysteresis-window-from-policy",
     ),
-    pytest.param(
+    "hysteresis-holds-for-the-winner-not-for-a-lower-challenger": (
+        ("a", ElectionReason.HYSTERESIS),
         group(
             serving(priority=50),
             demand("b", priority=50),
             demand("c", priority=100, lasted=timedelta(seconds=2)),
             active="a",
         ),
-        "a",
-        ElectionReason.HYSTERESIS,
-        id="hysteresis-holds-for-the-winner-not-for-a-lower-challenger",
     ),
-    pytest.param(
+    "hysteresis-does-not-delay-loading-an-empty-gpu": (
+        ("b", ElectionReason.DEMAND),
         group(model("a"), demand("b", lasted=timedelta(0))),
-        "b",
-        ElectionReason.DEMAND,
-        id="hysteresis-does-not-delay-loading-an-empty-gpu",
     ),
     # Request queue threshold: 3 requests (summed over proxies) justify a swap.
-    pytest.param(
-        group(serving(), demand(queued=3), active="a"),
-        "b",
-        ElectionReason.DEMAND,
-        id="queue-threshold-3-requests-swaps",
-    ),
-    pytest.param(
+    "queue-threshold-3-requests-swaps": (("b", ElectionReason.DEMAND), group(serving(), demand(queued=3), active="a")),
+    "queue-below-threshold-does-not-swap": (
+        ("a", ElectionReason.READY),
         group(serving(), demand(queued=2), active="a"),
-        "a",
-        ElectionReason.READY,
-        id="queue-below-threshold-does-not-swap",
     ),
-    pytest.param(
+    "queue-threshold-from-policy": (
+        ("b", ElectionReason.DEMAND),
         group(serving(), demand(queued=1), active="a", policy=V1Alpha1Policy(request_queue_threshold=1)),
-        "b",
-        ElectionReason.DEMAND,
-        id="queue-threshold-from-policy",
     ),
-    pytest.param(
+    "queue-below-threshold-still-loads-an-empty-gpu": (
+        ("b", ElectionReason.DEMAND),
         group(model("a"), demand(queued=1)),
-        "b",
-        ElectionReason.DEMAND,
-        id="queue-below-threshold-still-loads-an-empty-gpu",
     ),
     # Minimum run duration: the incumbent keeps the GPU for 30 s after it was elected.
-    pytest.param(
+    "minimum-run-30s-holds-the-incumbent": (
+        ("a", ElectionReason.MINIMUM_RUN),
         group(serving(), demand(), active="a", leader_since=ago(seconds=29)),
-        "a",
-        ElectionReason.MINIMUM_RUN,
-        id="minimum-run-30s-holds-the-incumbent",
     ),
-    pytest.param(
+    "minimum-run-over-at-30s": (
+        ("b", ElectionReason.DEMAND),
         group(serving(), demand(), active="a", leader_since=ago(seconds=30)),
-        "b",
-        ElectionReason.DEMAND,
-        id="minimum-run-over-at-30s",
     ),
-    pytest.param(
+    "minimum-run-from-policy": (
+        ("a", ElectionReason.MINIMUM_RUN),
         group(
             serving(),
             demand(),
@@ -208,160 +181,114 @@ CASES = [
             leader_since=ago(seconds=50),
             policy=V1Alpha1Policy(minimum_run_duration=timedelta(seconds=60)),
         ),
-        "a",
-        ElectionReason.MINIMUM_RUN,
-        id="minimum-run-from-policy",
     ),
     # Cooldown after preemption: a preempted model may not take the GPU back within 60 s.
-    pytest.param(
+    "preempted-model-cannot-return-within-60s": (
+        ("a", ElectionReason.COOLDOWN),
         group(
             serving(),
             model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=59), demand_since=ago(seconds=15)),
             active="a",
         ),
-        "a",
-        ElectionReason.COOLDOWN,
-        id="preempted-model-cannot-return-within-60s",
     ),
-    pytest.param(
+    "preempted-model-returns-after-60s": (
+        ("b", ElectionReason.DEMAND),
         group(
             serving(),
             model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=60), demand_since=ago(seconds=15)),
             active="a",
         ),
-        "b",
-        ElectionReason.DEMAND,
-        id="preempted-model-returns-after-60s",
     ),
-    pytest.param(
-        group(
-            serving(),
-            demand(),
-            model("c", preempted=ago(seconds=20)),
-            active="a",
-            leader_since=ago(seconds=30),
-        ),
-        "b",
-        ElectionReason.DEMAND,
-        id="another-models-preemption-does-not-stretch-the-30s-swap-cooldown",
+    "another-models-preemption-does-not-stretch-the-30s-swap-cooldown": (
+        ("b", ElectionReason.DEMAND),
+        group(serving(), demand(), model("c", preempted=ago(seconds=20)), active="a", leader_since=ago(seconds=30)),
     ),
-    pytest.param(
+    "cooldown-after-preemption-from-policy": (
+        ("a", ElectionReason.COOLDOWN),
         group(
             serving(),
             model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=100), demand_since=ago(seconds=15)),
             active="a",
             policy=V1Alpha1Policy(cooldown_after_preemption=timedelta(seconds=120)),
         ),
-        "a",
-        ElectionReason.COOLDOWN,
-        id="cooldown-after-preemption-from-policy",
     ),
-    pytest.param(
+    "cooldown-never-keeps-an-empty-gpu-empty": (
+        ("b", ElectionReason.DEMAND),
         group(model("a"), model("b", queued=3, active=ago(seconds=1), preempted=ago(seconds=5))),
-        "b",
-        ElectionReason.DEMAND,
-        id="cooldown-never-keeps-an-empty-gpu-empty",
     ),
     # Idle timeout: an incumbent without a request for 300 s is parked.
-    pytest.param(
+    "idle-timeout-300s-parks-the-incumbent": (
+        (None, ElectionReason.NO_CANDIDATE),
         group(serving(idle=timedelta(seconds=300)), active="a"),
-        None,
-        ElectionReason.NO_CANDIDATE,
-        id="idle-timeout-300s-parks-the-incumbent",
     ),
-    pytest.param(
+    "idle-timeout-not-before-300s": (
+        ("a", ElectionReason.READY),
         group(serving(idle=timedelta(seconds=299)), active="a"),
-        "a",
-        ElectionReason.READY,
-        id="idle-timeout-not-before-300s",
     ),
-    pytest.param(
+    "idle-timeout-counts-from-ready-when-never-used": (
+        (None, ElectionReason.NO_CANDIDATE),
         group(serving(idle=None, ready_since=ago(seconds=300)), active="a"),
-        None,
-        ElectionReason.NO_CANDIDATE,
-        id="idle-timeout-counts-from-ready-when-never-used",
     ),
-    pytest.param(
+    "idle-timeout-from-policy": (
+        (None, ElectionReason.NO_CANDIDATE),
         group(
             serving(idle=timedelta(seconds=200)), active="a", policy=V1Alpha1Policy(idle_timeout=timedelta(seconds=120))
         ),
-        None,
-        ElectionReason.NO_CANDIDATE,
-        id="idle-timeout-from-policy",
     ),
-    pytest.param(
+    "idle-parked-incumbent-hands-the-gpu-to-a-waiting-model": (
+        ("b", ElectionReason.DEMAND),
         group(serving(priority=200, idle=timedelta(seconds=400)), demand(priority=50, queued=1), active="a"),
-        "b",
-        ElectionReason.DEMAND,
-        id="idle-parked-incumbent-hands-the-gpu-to-a-waiting-model",
     ),
     # Priority: demanded models sort by priority descending; a busy incumbent takes part in the sort.
-    pytest.param(
+    "demanded-sorted-by-priority-desc": (
+        ("c", ElectionReason.DEMAND),
         group(model("a"), demand("b", priority=50), demand("c", priority=100)),
-        "c",
-        ElectionReason.DEMAND,
-        id="demanded-sorted-by-priority-desc",
     ),
-    pytest.param(
+    "equal-priority-most-recent-demand-first": (
+        ("c", ElectionReason.DEMAND),
         group(model("a"), demand("b", seen=timedelta(seconds=5)), demand("c", seen=timedelta(seconds=2))),
-        "c",
-        ElectionReason.DEMAND,
-        id="equal-priority-most-recent-demand-first",
     ),
-    pytest.param(
+    "equal-priority-equal-time-alphabetical": (
+        ("alpha", ElectionReason.DEMAND),
         group(model("a"), demand("zeta"), demand("alpha")),
-        "alpha",
-        ElectionReason.DEMAND,
-        id="equal-priority-equal-time-alphabetical",
     ),
-    pytest.param(
+    "highest-priority-demand-wins-over-more-recent-lower": (
+        ("c", ElectionReason.DEMAND),
         group(
             serving(priority=50),
             demand("b", priority=50),
             demand("c", priority=100, seen=timedelta(seconds=8)),
             active="a",
         ),
-        "c",
-        ElectionReason.DEMAND,
-        id="highest-priority-demand-wins-over-more-recent-lower",
     ),
-    pytest.param(
+    "higher-priority-demand-preempts-a-busy-incumbent": (
+        ("b", ElectionReason.DEMAND),
         group(serving(priority=50, idle=timedelta(seconds=2)), demand(priority=100), active="a"),
-        "b",
-        ElectionReason.DEMAND,
-        id="higher-priority-demand-preempts-a-busy-incumbent",
     ),
-    pytest.param(
+    "lower-priority-demand-waits-for-a-busy-incumbent": (
+        ("a", ElectionReason.READY),
         group(serving(priority=100, idle=timedelta(seconds=2)), demand(priority=50, queued=10), active="a"),
-        "a",
-        ElectionReason.READY,
-        id="lower-priority-demand-waits-for-a-busy-incumbent",
     ),
-    pytest.param(
+    "equal-priority-busy-incumbent-keeps-the-gpu": (
+        ("a", ElectionReason.READY),
         group(serving(priority=100, idle=timedelta(seconds=2)), demand(priority=100), active="a"),
-        "a",
-        ElectionReason.READY,
-        id="equal-priority-busy-incumbent-keeps-the-gpu",
     ),
-    pytest.param(
+    "lower-priority-demand-wins-once-the-incumbent-is-idle": (
+        ("b", ElectionReason.DEMAND),
         group(serving(priority=100, idle=timedelta(seconds=11)), demand(priority=50), active="a"),
-        "b",
-        ElectionReason.DEMAND,
-        id="lower-priority-demand-wins-once-the-incumbent-is-idle",
     ),
-    pytest.param(
+    "busy-incumbent-is-no-minimum-run-question": (
+        ("a", ElectionReason.READY),
         group(
             serving(priority=100, idle=timedelta(seconds=2)),
             demand(priority=50),
             active="a",
             leader_since=ago(seconds=5),
         ),
-        "a",
-        ElectionReason.READY,
-        id="busy-incumbent-is-no-minimum-run-question",
     ),
     # GPU lease and overrides.
-    pytest.param(
+    "gpu-lease-beats-demand-busy-incumbent-and-forcePromotion": (
+        (None, ElectionReason.LEASE),
         group(
             serving(idle=timedelta(seconds=1)),
             model("b", force=True),
@@ -369,55 +296,42 @@ CASES = [
             active="a",
             lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=5)),
         ),
-        None,
-        ElectionReason.LEASE,
-        id="gpu-lease-beats-demand-busy-incumbent-and-forcePromotion",
     ),
-    pytest.param(
+    "expired-lease-is-ignored-at-expiresAt": (
+        ("a", ElectionReason.READY),
         group(serving(idle=timedelta(seconds=1)), active="a", lease=Lease("l", "gpu", "trainer", NOW)),
-        "a",
-        ElectionReason.READY,
-        id="expired-lease-is-ignored-at-expiresAt",
     ),
-    pytest.param(
+    "forcePromotion-beats-minimum-run-cooldown-priority-and-busy-incumbent": (
+        ("b", ElectionReason.FORCE_PROMOTION),
         group(
             serving(priority=200, idle=timedelta(seconds=1)),
             model("b", priority=1, force=True, preempted=ago(seconds=5)),
             active="a",
             leader_since=ago(seconds=1),
         ),
-        "b",
-        ElectionReason.FORCE_PROMOTION,
-        id="forcePromotion-beats-minimum-run-cooldown-priority-and-busy-incumbent",
     ),
-    pytest.param(
+    "promote-call-beats-demand": (
+        ("b", ElectionReason.FORCE_PROMOTION),
         group(serving(idle=timedelta(seconds=1)), model("b", promoted=ago(seconds=1)), demand("c"), active="a"),
-        "b",
-        ElectionReason.FORCE_PROMOTION,
-        id="promote-call-beats-demand",
     ),
     # Nothing to do, and models that may not run.
-    pytest.param(group(model("a"), model("b")), None, ElectionReason.NO_CANDIDATE, id="no-demand-no-leader"),
-    pytest.param(
+    "no-demand-no-leader": ((None, ElectionReason.NO_CANDIDATE), group(model("a"), model("b"))),
+    "failed-model-left-out-until-asked-again": (
+        (None, ElectionReason.NO_CANDIDATE),
         group(model("a", failed=ago(seconds=30), queued=3, active=ago(seconds=31)), model("b")),
-        None,
-        ElectionReason.NO_CANDIDATE,
-        id="failed-model-left-out-until-asked-again",
     ),
-    pytest.param(
+    "failed-model-back-once-asked-again": (
+        ("a", ElectionReason.DEMAND),
         group(model("a", failed=ago(seconds=30), queued=3, active=ago(seconds=1)), model("b")),
-        "a",
-        ElectionReason.DEMAND,
-        id="failed-model-back-once-asked-again",
     ),
-]
+}
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), CASES)
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), rules(CASES))
 def test_determine_active_model(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
     assert snapshot.v1alpha1 is not None
     election = determine_active_model(snapshot, NOW, snapshot.v1alpha1)
-    assert (election.leader.name if election.leader else None, election.reason) == (leader, reason)
+    assert outcome(election) == (leader, reason)
 
 
 def test_defaults_are_the_seeds() -> None:
@@ -473,7 +387,7 @@ def test_a_swap_starts_the_preemption_cooldown_and_the_minimum_run() -> None:
 
     def elected(seconds: int) -> tuple[str | None, ElectionReason]:
         election = determine_active_model(challenged_at(seconds), NOW + timedelta(seconds=seconds), POLICY)
-        return (election.leader.name if election.leader else None, election.reason)
+        return outcome(election)
 
     assert elected(29) == ("b", ElectionReason.MINIMUM_RUN)
     assert elected(45) == ("b", ElectionReason.COOLDOWN)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member
 from flexinfer_scheduler.domain.plan import GroupPlan, apply_plan, plan_group
+from tests.support.members import member
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
@@ -30,30 +32,51 @@ RETRY = timedelta(seconds=10)
 SEED = ElectionParams(policy=SchedulingPolicy.SEED)
 
 
-def plan(snapshot: GroupSnapshot, now: datetime = NOW, params: ElectionParams | None = None) -> GroupPlan:
-    return plan_group(snapshot, now, params or SEED, command_retry=RETRY, new_swap_id="s1")
+def plan(
+    snapshot: GroupSnapshot,
+    now: datetime = NOW,
+    params: ElectionParams | None = None,
+    *,
+    new_swap_id: str = "s1",
+    restart_backoff: timedelta = timedelta(0),
+) -> GroupPlan:
+    return plan_group(
+        snapshot, now, params or SEED, command_retry=RETRY, new_swap_id=new_swap_id, restart_backoff=restart_backoff
+    )
 
 
 apply = apply_plan
 YIELD = ElectionParams(quiet_period=timedelta(seconds=30))  # FlexInfer's policy, FLEXINFER_QUIET_YIELD=30s
 
 
-def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase) -> GroupSnapshot:
-    members = tuple(
-        dataclasses.replace(m, runtime=phase.value, runtime_generation=m.command_generation) if m.key == key else m
-        for m in snapshot.members
-    )
+def report(snapshot: GroupSnapshot, key: ModelKey, phase: RuntimePhase, message: str = "") -> GroupSnapshot:
+    """The actuator reports ``phase`` (and ``message``) for the command ``key`` was last given."""
+    (reported,) = [m for m in snapshot.members if m.key == key]
+    fields = {"runtime_message": message} if message else {}
+    return with_member(snapshot, key, runtime=phase.value, runtime_generation=reported.command_generation, **fields)
+
+
+def with_member(snapshot: GroupSnapshot, key: ModelKey, **fields: object) -> GroupSnapshot:
+    members = tuple(dataclasses.replace(m, **fields) if m.key == key else m for m in snapshot.members)  # type: ignore[arg-type]
     return dataclasses.replace(snapshot, members=members)
 
 
+def a_holds(a: Member, since: datetime) -> GroupSnapshot:
+    """``a`` has held the GPU since ``since``; ``b`` (priority 5) shares it and is not asked for."""
+    return GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=since)
+
+
+def a_failed(message: str, issued: datetime, **fields: Any) -> GroupSnapshot:
+    """``a`` (priority 10), told to activate at ``issued`` and holding the GPU since, reports Failed: ``message``."""
+    a = member(A, runtime=RuntimePhase.FAILED, priority=10, runtime_message=message, command_issued_at=issued, **fields)
+    return a_holds(a, since=issued)
+
+
 def serving_a_with_demand_for_b() -> GroupSnapshot:
-    a = Member(
+    a = member(
         A,
+        runtime=RuntimePhase.READY,
         priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Ready",
         ready_since=NOW - timedelta(minutes=10),
         last_active_time=NOW - timedelta(minutes=3),
     )
@@ -100,23 +123,11 @@ def test_lost_command_is_reissued_with_the_same_generation() -> None:
 def test_stale_report_does_not_count_as_parked() -> None:
     snapshot = apply(serving_a_with_demand_for_b(), plan(serving_a_with_demand_for_b()))
     # a report for generation 1 (the old activate) says Parked: it answers an older command, so B must wait
-    members = tuple(dataclasses.replace(m, runtime="Parked") if m.key == A else m for m in snapshot.members)
-    assert plan(dataclasses.replace(snapshot, members=members), NOW + timedelta(seconds=1)).commands == []
+    assert plan(with_member(snapshot, A, runtime="Parked"), NOW + timedelta(seconds=1)).commands == []
 
 
 def test_failed_load_is_reported_and_the_model_left_out() -> None:
-    a = Member(
-        A,
-        priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Failed",
-        runtime_message="exit code 1: CUDA out of memory",
-        command_issued_at=NOW - timedelta(seconds=20),
-    )
-    b = Member(B, priority=5)
-    result = plan(GroupSnapshot("gpu", (a, b), active=A, leader_since=NOW - timedelta(seconds=20)))
+    result = plan(a_failed("exit code 1: CUDA out of memory", NOW - timedelta(seconds=20)))
     assert result.patches[A].failed_at == NOW
     assert result.active == B
     assert result.statuses[A].phase == ModelPhase.FAILED
@@ -126,46 +137,29 @@ def test_failed_load_is_reported_and_the_model_left_out() -> None:
 def test_a_crash_after_ready_is_restarted_no_sooner_than_the_backoff() -> None:
     """A crash loop costs at most one load per back-off (counted from the last activate), like CrashLoopBackOff."""
     started = NOW - timedelta(seconds=3)
-    a = Member(
-        A,
-        priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Failed",
-        runtime_message="exit code 139",
-        command_issued_at=started,
+    snapshot = a_failed(
+        "exit code 139",
+        started,
         ready_since=started + timedelta(seconds=1),
         last_active_time=NOW - timedelta(seconds=1),
     )
-    snapshot = GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=started)
 
     def activates(now: datetime) -> list[tuple[ModelKey, int]]:
-        result = plan_group(
-            snapshot, now, ElectionParams(), command_retry=RETRY, new_swap_id="s", restart_backoff=timedelta(seconds=10)
-        )
+        result = plan(snapshot, now, ElectionParams(), new_swap_id="s", restart_backoff=timedelta(seconds=10))
         return [(c.key, c.generation) for c in result.commands if c.action == ScaleAction.ACTIVATE]
 
     assert activates(NOW) == []  # 3 s after its last start: wait
     assert activates(started + timedelta(seconds=10)) == [(A, 2)]  # then a fresh activate
 
 
-def with_member(snapshot: GroupSnapshot, key: ModelKey, **fields: object) -> GroupSnapshot:
-    members = tuple(dataclasses.replace(m, **fields) if m.key == key else m for m in snapshot.members)  # type: ignore[arg-type]
-    return dataclasses.replace(snapshot, members=members)
-
-
 def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -> None:
     """FlexInfer's policy (quiet period 30 s): a lower-priority model's requests wait while the higher-priority
     holder answered nothing for 30 s: the holder is parked as for its idle timeout (no preemption, so no cooldown
     holds the guest), and its next request brings it back once the guest's hold is over."""
-    chat = Member(
+    chat = member(
         A,
+        runtime=RuntimePhase.READY,
         priority=100,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Ready",
         ready_since=NOW - timedelta(minutes=10),
         last_active_time=NOW - timedelta(seconds=30),
     )
@@ -254,70 +248,43 @@ def test_a_swap_whose_model_fails_to_load_ends_failed_with_why() -> None:
     parked = report(snapshot, A, RuntimePhase.PARKED)
     loading = apply(parked, plan(parked, NOW + timedelta(seconds=2)))
     assert loading.swap is not None and loading.swap.phase == SwapPhase.LOADING
-    members = tuple(
-        dataclasses.replace(
-            m, runtime="Failed", runtime_generation=m.command_generation, runtime_message="killed by signal 4"
-        )
-        if m.key == B
-        else m
-        for m in loading.members
-    )
-    failed = plan_group(
-        dataclasses.replace(loading, members=members),
-        NOW + timedelta(seconds=5),
-        ElectionParams(),
-        command_retry=RETRY,
-        new_swap_id="s2",
-    )
+    failed_load = report(loading, B, RuntimePhase.FAILED, "killed by signal 4")
+    failed = plan(failed_load, NOW + timedelta(seconds=5), ElectionParams(), new_swap_id="s2")
     (ended,) = [u for u in failed.swap_updates if u.swap.id == "s1"]
     assert ended.swap.phase == SwapPhase.FAILED and ended.finished_at is not None
     assert ended.message == "default/b failed to load: killed by signal 4"
 
 
 def test_preempted_by_is_cleared_once_the_model_holds_the_gpu_again() -> None:
-    a = Member(
+    a = member(
         A,
+        runtime=RuntimePhase.READY,
+        generation=3,
         priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=3,
-        runtime_generation=3,
-        runtime="Ready",
         ready_since=NOW - timedelta(minutes=1),
         preempted_at=NOW - timedelta(minutes=10),
         preempted_by="gpu-lease/root",
     )
-    result = plan(GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=NOW - timedelta(minutes=1)))
+    result = plan(a_holds(a, since=NOW - timedelta(minutes=1)))
     assert result.statuses[A].state == SharedState.ACTIVE and result.statuses[A].preempted_by is None
 
 
 def test_a_crashed_model_says_why_while_it_waits_for_its_restart() -> None:
-    a = Member(
-        A,
-        priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Failed",
-        runtime_message="killed by signal 9",
-        command_issued_at=NOW - timedelta(seconds=3),
+    crashed = a_failed(
+        "killed by signal 9",
+        NOW - timedelta(seconds=3),
         ready_since=NOW - timedelta(seconds=2),
         last_active_time=NOW - timedelta(seconds=1),
     )
-    snapshot = GroupSnapshot("gpu", (a, Member(B, priority=5)), active=A, leader_since=NOW - timedelta(seconds=3))
-    result = plan_group(
-        snapshot, NOW, ElectionParams(), command_retry=RETRY, new_swap_id="s1", restart_backoff=timedelta(seconds=10)
-    )
+    result = plan(crashed, NOW, ElectionParams(), restart_backoff=timedelta(seconds=10))
     assert result.statuses[A].message == "crashed: killed by signal 9; restarting"
 
 
 def test_a_loading_model_shows_what_the_actuator_says_of_its_probe() -> None:
-    a = Member(
+    a = member(
         A,
+        runtime=RuntimePhase.LOADING,
         priority=10,
-        desired_action=ScaleAction.ACTIVATE,
-        command_generation=1,
-        runtime_generation=1,
-        runtime="Loading",
         runtime_message="GET /health → 404, 12 tries",
         command_issued_at=NOW - timedelta(seconds=30),
     )

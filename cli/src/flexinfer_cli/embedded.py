@@ -55,6 +55,8 @@ from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from flexinfer_common.tcp import free_port
+
 __all__ = [
     "LOOPBACK",
     "PG_SYSTEM_USER",
@@ -86,14 +88,6 @@ class EmbeddedServerError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """Return a TCP port that is currently free on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
@@ -454,6 +448,7 @@ class _EmbeddedServer:
     _name = "server"
     _stop_signal: int = signal.SIGTERM
     _stop_grace: float = 5.0
+    start_timeout: float  # seconds; each server says its own
 
     def __init__(self, data_dir: Path, port: int | None) -> None:
         self.data_dir = Path(data_dir).absolute()
@@ -504,6 +499,37 @@ class _EmbeddedServer:
     def _fail(self, proc: subprocess.Popen[bytes], message: str) -> EmbeddedServerError:
         _shutdown(proc, self._name, signal.SIGKILL, 5.0)
         return EmbeddedServerError(f"{message}\n--- last lines of {self.log_path} ---\n{_tail(self.log_path)}")
+
+    def _start_on_a_port(
+        self,
+        program: str,
+        spawn: Callable[[int], subprocess.Popen[bytes]],
+        ready: Callable[[subprocess.Popen[bytes], int], bool],
+        *,
+        not_ready: str,
+        poll_interval: float,
+    ) -> float:
+        """Spawn ``program`` on a picked port until ``ready``; a port taken between the pick and the bind means
+        another try (up to three, only when no port was asked for). Returns how long the start took, in ms."""
+        attempts = 1 if self._requested_port is not None else 3
+        for attempt in range(1, attempts + 1):
+            port = self._pick_port()
+            proc = spawn(port)
+            t0 = time.monotonic()
+            while True:
+                if proc.poll() is not None:
+                    if attempt < attempts and _ADDR_IN_USE.search(_tail(self.log_path, 10)):
+                        log.info("port %d was taken before %s bound it; retrying", port, program)
+                        break
+                    raise self._fail(proc, f"{program} exited with code {proc.returncode} during startup")
+                if ready(proc, port):
+                    self._proc, self._port = proc, port
+                    atexit.register(self.stop)
+                    return (time.monotonic() - t0) * 1000
+                if time.monotonic() - t0 > self.start_timeout:
+                    raise self._fail(proc, f"{not_ready} on {LOOPBACK}:{port} within {self.start_timeout:.0f} s")
+                time.sleep(poll_interval)
+        raise EmbeddedServerError(f"could not find a free port for {program}")  # pragma: no cover
 
     def __enter__(self) -> Self:
         self.start()
@@ -596,9 +622,8 @@ class EmbeddedNats(_EmbeddedServer):
             if self.passwords is not None:
                 self.data_dir.chmod(0o700)
                 self._write_config()
-            attempts = 1 if self._requested_port is not None else 3
-            for attempt in range(1, attempts + 1):
-                port = self._pick_port()
+
+            def spawn(port: int) -> subprocess.Popen[bytes]:
                 # nats-server appends "jetstream" to the store dir: data lands in data_dir/jetstream
                 argv: list[str | Path] = [
                     binary,
@@ -617,32 +642,18 @@ class EmbeddedNats(_EmbeddedServer):
                 with self.log_path.open("ab") as log_file:
                     log_file.write(f"--- flexinfer: starting nats-server on port {port} ---\n".encode())
                     log_file.flush()
-                    proc = _popen(argv, log_file=log_file, deathsig=signal.SIGTERM)
-                t0 = time.monotonic()
-                while True:
-                    if proc.poll() is not None:
-                        if attempt < attempts and _ADDR_IN_USE.search(_tail(self.log_path, 10)):
-                            log.info("port %d was taken before nats-server bound it; retrying", port)
-                            break
-                        raise self._fail(proc, f"nats-server exited with code {proc.returncode} during startup")
-                    if _nats_says_info(port):
-                        if proc.poll() is None:
-                            self._proc, self._port = proc, port
-                            atexit.register(self.stop)
-                            log.info(
-                                "embedded NATS ready at %s (pid %d, %.0f ms)",
-                                self.url,
-                                proc.pid,
-                                (time.monotonic() - t0) * 1000,
-                            )
-                            return self.url
-                        continue
-                    if time.monotonic() - t0 > self.start_timeout:
-                        raise self._fail(
-                            proc, f"nats-server did not answer on {LOOPBACK}:{port} within {self.start_timeout:.0f} s"
-                        )
-                    time.sleep(0.01)
-            raise EmbeddedServerError("could not find a free port for nats-server")  # pragma: no cover
+                    return _popen(argv, log_file=log_file, deathsig=signal.SIGTERM)
+
+            took = self._start_on_a_port(
+                "nats-server",
+                spawn,
+                lambda proc, port: _nats_says_info(port) and proc.poll() is None,
+                not_ready="nats-server did not answer",
+                poll_interval=0.01,
+            )
+            assert self._proc is not None
+            log.info("embedded NATS ready at %s (pid %d, %.0f ms)", self.url, self._proc.pid, took)
+            return self.url
 
 
 # --------------------------------------------------------------------------------------------------
@@ -771,35 +782,22 @@ class EmbeddedPostgres(_EmbeddedServer):
                 self._initdb(bindir, run_as, password)
             self._write_hba(run_as)
             self._remove_stale_pidfile()
-            attempts = 1 if self._requested_port is not None else 3
-            for attempt in range(1, attempts + 1):
-                port = self._pick_port()
-                proc = self._spawn_postmaster(bindir, port, run_as)
-                t0 = time.monotonic()
-                while True:
-                    if proc.poll() is not None:
-                        if attempt < attempts and _ADDR_IN_USE.search(_tail(self.log_path, 10)):
-                            log.info("port %d was taken before postgres bound it; retrying", port)
-                            break
-                        raise self._fail(proc, f"postgres exited with code {proc.returncode} during startup")
-                    if self._pidfile_ready(proc.pid) and self._isready(bindir, port):
-                        self._proc, self._port = proc, port
-                        atexit.register(self.stop)
-                        log.info(
-                            "embedded PostgreSQL ready at %s (pid %d, %.0f ms, durable=%s)",
-                            mask_url_password(self.url),
-                            proc.pid,
-                            (time.monotonic() - t0) * 1000,
-                            self.durable,
-                        )
-                        return self.url
-                    if time.monotonic() - t0 > self.start_timeout:
-                        raise self._fail(
-                            proc,
-                            f"PostgreSQL did not become ready on {LOOPBACK}:{port} within {self.start_timeout:.0f} s",
-                        )
-                    time.sleep(0.05)
-            raise EmbeddedServerError("could not find a free port for postgres")  # pragma: no cover
+            took = self._start_on_a_port(
+                "postgres",
+                lambda port: self._spawn_postmaster(bindir, port, run_as),
+                lambda proc, port: self._pidfile_ready(proc.pid) and self._isready(bindir, port),
+                not_ready="PostgreSQL did not become ready",
+                poll_interval=0.05,
+            )
+            assert self._proc is not None
+            log.info(
+                "embedded PostgreSQL ready at %s (pid %d, %.0f ms, durable=%s)",
+                mask_url_password(self.url),
+                self._proc.pid,
+                took,
+                self.durable,
+            )
+            return self.url
 
     def _initdb(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
         if any(self.pgdata.iterdir()):
@@ -827,29 +825,20 @@ class EmbeddedPostgres(_EmbeddedServer):
         if not self.durable:
             argv.append("--no-sync")
         try:
-            res = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                cwd=self.pgdata,
-                env=_child_env(),
-                timeout=120,
-                check=False,
-                **_run_as_kwargs(run_as),
-            )
+            res = self._run_in_pgdata(argv, run_as)
         finally:
             pwfile.unlink(missing_ok=True)
         log.debug("initdb output:\n%s%s", res.stdout, res.stderr)
         if res.returncode != 0:
             raise EmbeddedServerError(f"initdb failed with code {res.returncode}:\n{res.stdout}\n{res.stderr}".rstrip())
 
-    def _set_password_single_user(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
-        """Give the superuser of an existing cluster its password in single-user mode (nothing listens)."""
-        log.info("setting a password for the superuser of the existing cluster %s", self.pgdata)
-        argv = [str(bindir / "postgres"), "--single", "-D", str(self.pgdata), "-c", "password_encryption=scram-sha-256"]
-        res = subprocess.run(
-            [*argv, _PG_SUPERUSER],
-            input=f"ALTER ROLE {_sql_ident(_PG_SUPERUSER)} PASSWORD {_sql_literal(password)};\n",
+    def _run_in_pgdata(
+        self, argv: list[str], run_as: _RunAs | None, *, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a PostgreSQL program on the cluster (as its user), its output captured; up to 2 minutes."""
+        return subprocess.run(
+            argv,
+            input=stdin,
             capture_output=True,
             text=True,
             cwd=self.pgdata,
@@ -857,6 +846,16 @@ class EmbeddedPostgres(_EmbeddedServer):
             timeout=120,
             check=False,
             **_run_as_kwargs(run_as),
+        )
+
+    def _set_password_single_user(self, bindir: Path, run_as: _RunAs | None, password: str) -> None:
+        """Give the superuser of an existing cluster its password in single-user mode (nothing listens)."""
+        log.info("setting a password for the superuser of the existing cluster %s", self.pgdata)
+        argv = [str(bindir / "postgres"), "--single", "-D", str(self.pgdata), "-c", "password_encryption=scram-sha-256"]
+        res = self._run_in_pgdata(
+            [*argv, _PG_SUPERUSER],
+            run_as,
+            stdin=f"ALTER ROLE {_sql_ident(_PG_SUPERUSER)} PASSWORD {_sql_literal(password)};\n",
         )
         if res.returncode != 0 or "ERROR" in res.stdout + res.stderr:
             self.password_file.unlink(missing_ok=True)  # try again next start

@@ -54,6 +54,22 @@ def _lease_run(coro: Coroutine[Any, Any, T]) -> T:
         fail(str(exc), exc.exit_code)
 
 
+def _lease_body(
+    *, group: str, owner: str | None, node: str | None, ttl_seconds: int | None, name: str | None, memory: str | None
+) -> dict[str, Any]:
+    """The acquire body of the options: the login name when no --owner is given, --memory parsed."""
+    from flexinfer_cli.gpu_lease import default_owner, lease_body, parse_memory_option
+
+    return lease_body(
+        group=group,
+        owner=owner or default_owner(),
+        node=node,
+        ttl_seconds=ttl_seconds,
+        name=name,
+        memory=parse_memory_option(memory) if memory is not None else None,
+    )
+
+
 @lease_app.command("acquire")
 def lease_acquire(
     group: Annotated[str, typer.Option("--group", help="The shared-GPU group to hold.", show_default=False)],
@@ -74,24 +90,14 @@ def lease_acquire(
     """Park the group's serving models until the lease is released or expires."""
     from flexinfer_cli.gpu_lease import (
         acquire,
-        default_owner,
-        lease_body,
         lease_line,
         parse_interval,
-        parse_memory_option,
         parse_ttl,
     )
 
     def options() -> tuple[dict[str, Any], float | None]:
         ttl_seconds = parse_ttl(ttl) if ttl is not None else None
-        body = lease_body(
-            group=group,
-            owner=owner or default_owner(),
-            node=node,
-            ttl_seconds=ttl_seconds,
-            name=name,
-            memory=parse_memory_option(memory) if memory is not None else None,
-        )
+        body = _lease_body(group=group, owner=owner, node=node, ttl_seconds=ttl_seconds, name=name, memory=memory)
         return body, parse_interval(timeout, "--timeout") if timeout is not None else None
 
     async def go() -> Any:
@@ -176,10 +182,7 @@ def lease_run(
     group with a capacity, only what must go to free that much on one device parks, and COMMAND runs with
     CUDA_VISIBLE_DEVICES set to that device."""
     from flexinfer_cli.gpu_lease import (
-        default_owner,
-        lease_body,
         parse_interval,
-        parse_memory_option,
         parse_ttl,
         run_with_lease,
     )
@@ -187,14 +190,7 @@ def lease_run(
     async def go() -> int:
         ttl_seconds = parse_ttl(ttl)
         every = parse_interval(renew_every, "--renew-every") if renew_every is not None else ttl_seconds / 4
-        body = lease_body(
-            group=group,
-            owner=owner or default_owner(),
-            node=node,
-            ttl_seconds=ttl_seconds,
-            name=name,
-            memory=parse_memory_option(memory) if memory is not None else None,
-        )
+        body = _lease_body(group=group, owner=owner, node=node, ttl_seconds=ttl_seconds, name=name, memory=memory)
         async with AdminClient(Service.LEASE_MANAGER, url, token=admin_token()) as client:
             return await run_with_lease(
                 client, body, command, renew_every=every, echo=lambda line: typer.echo(f"flexinfer: {line}", err=True)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -188,6 +189,18 @@ Decoder = Callable[[str, bytes], M]
 Handler = Callable[[M, Delivery], Awaitable[None]]
 
 
+class ConsumerOptions(TypedDict, Generic[M]):
+    """What a :class:`Consumer` reads and what it runs for each message (``Bus.consume`` takes the same)."""
+
+    stream: str
+    durable: str | None
+    filter_subject: str
+    decode: Decoder[M]
+    handler: Handler[M]
+    deliver_new_only: NotRequired[bool]  # without a deliver_policy: NEW rather than ALL
+    deliver_policy: NotRequired[DeliverPolicy | None]
+
+
 class Consumer(Generic[M]):
     """A pull consumer running its handler for each message, in order, one at a time.
 
@@ -196,25 +209,15 @@ class Consumer(Generic[M]):
     created again, from the same point, if the server loses it.
     """
 
-    def __init__(
-        self,
-        bus: Bus,
-        *,
-        stream: str,
-        durable: str | None,
-        filter_subject: str,
-        decode: Decoder[M],
-        handler: Handler[M],
-        deliver_new_only: bool = False,
-        deliver_policy: DeliverPolicy | None = None,
-    ) -> None:
+    def __init__(self, bus: Bus, **options: Unpack[ConsumerOptions[M]]) -> None:
         self.bus = bus
-        self.stream = stream
-        self.durable = durable
-        self.filter_subject = filter_subject
-        self.decode = decode
-        self.handler = handler
-        self.deliver_policy = deliver_policy or (DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL)
+        self.stream = options["stream"]
+        self.durable = options["durable"]
+        self.filter_subject = options["filter_subject"]
+        self.decode = options["decode"]
+        self.handler = options["handler"]
+        new_only = options.get("deliver_new_only", False)
+        self.deliver_policy = options.get("deliver_policy") or (DeliverPolicy.NEW if new_only else DeliverPolicy.ALL)
         self._task: asyncio.Task[None] | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
 
@@ -368,8 +371,10 @@ class Bus:
         """Connect, retrying for up to ``wait`` seconds at start; later drops reconnect forever. Credentials the
         server refuses stop the start at once (retrying them cannot help), with a message that names the user."""
         refused = asyncio.Event()
+        last_error: list[Exception] = []  # what nats-py reported last while connecting (a TLS failure, ...)
 
         async def on_error(exc: Exception) -> None:
+            last_error[:] = [exc]
             if _is_auth_error(exc):
                 if not refused.is_set():
                     log.error("nats refused our credentials", extra={"error": repr(exc), "user": self._who()})
@@ -428,7 +433,9 @@ class Bus:
                     + " (FLEXINFER_NATS_USER/_PASSWORD, _CREDS or _NKEY)"
                 ) from None
             if loop.time() > deadline:
-                raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {failure!r}") from None
+                cause = failure if failure is not None else next(iter(last_error), None)
+                hint = " (TLS: FLEXINFER_NATS_TLS_CA, _CERT and _KEY)" if isinstance(cause, ssl.SSLError) else ""
+                raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {cause!r}{hint}") from None
             await asyncio.sleep(0.3)
         self._js = self._nc.jetstream(timeout=5)
 
@@ -547,27 +554,9 @@ class Bus:
         """Fire and forget (still stored when a stream captures the subject)."""
         await self.nc.publish(subject, encode(message))
 
-    async def consume(
-        self,
-        *,
-        stream: str,
-        durable: str | None,
-        filter_subject: str,
-        decode: Decoder[M],
-        handler: Handler[M],
-        deliver_new_only: bool = False,
-        deliver_policy: DeliverPolicy | None = None,
-    ) -> Consumer[M]:
-        consumer = Consumer(
-            self,
-            stream=stream,
-            durable=durable,
-            filter_subject=filter_subject,
-            decode=decode,
-            handler=handler,
-            deliver_new_only=deliver_new_only,
-            deliver_policy=deliver_policy,
-        )
+    async def consume(self, **options: Unpack[ConsumerOptions[M]]) -> Consumer[M]:
+        """Start a :class:`Consumer`; closing the bus stops it."""
+        consumer = Consumer(self, **options)
         await consumer.start()
         self._consumers.append(consumer)
         return consumer

@@ -63,24 +63,20 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def check_subdomain(value: str) -> str:
     """A Kubernetes object name (DNS-1123 subdomain): lowercase letters, digits, '-' and '.', at most 253."""
-    if len(value) > 253:
-        raise ValueError(f"at most 253 characters (got {len(value)})")
-    if not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{_shown(value)} is not a valid name (lowercase letters, digits, '-' and '.', starting and ending "
-            "with a letter or digit)"
-        )
-    return value
+    return _check_dns(value, _DNS_SUBDOMAIN, 253, "name", "lowercase letters, digits, '-' and '.'")
 
 
 def check_label(value: str) -> str:
     """A Kubernetes namespace (DNS-1123 label): lowercase letters, digits and '-', at most 63."""
-    if len(value) > 63:
-        raise ValueError(f"at most 63 characters (got {len(value)})")
-    if not _DNS_LABEL_RE.match(value):
+    return _check_dns(value, _DNS_LABEL_RE, 63, "namespace", "lowercase letters, digits and '-'")
+
+
+def _check_dns(value: str, pattern: re.Pattern[str], longest: int, what: str, allowed: str) -> str:
+    if len(value) > longest:
+        raise ValueError(f"at most {longest} characters (got {len(value)})")
+    if not pattern.match(value):
         raise ValueError(
-            f"{_shown(value)} is not a valid namespace (lowercase letters, digits and '-', starting and ending "
-            "with a letter or digit)"
+            f"{_shown(value)} is not a valid {what} ({allowed}, starting and ending with a letter or digit)"
         )
     return value
 

@@ -99,65 +99,55 @@ def _inbox(identity: Identity) -> tuple[str, ...]:
     return (inbox_prefix(identity) + ".>",)
 
 
+#: What each component may publish; each subscribes only to its own inbox (the admin and the observer: see
+#: :func:`permissions`).
+_PUBLISH: dict[Identity, tuple[str, ...]] = {
+    # The owner of the streams and the sole writer of routes, commands, statuses and swap events.
+    Identity.SCHEDULER: (
+        f"{subjects.COMMAND_PREFIX}.>",
+        f"{subjects.STATUS_PREFIX}.>",
+        f"{subjects.EVENTS_PREFIX}.>",
+        ROUTES_WRITE,
+        f"{JS_API}.>",
+        "$JS.ACK.>",
+        "$JS.FC.>",
+    ),
+    Identity.PROXY: (
+        f"{subjects.DEMAND_PREFIX}.>",
+        f"{subjects.IN_FLIGHT_PREFIX}.>",
+        *_create_streams(),
+        *_read(ROUTES_STREAM),
+    ),
+    # Statuses of the runtimes it runs, its hello; in Kubernetes mode the specs it reads from the cluster. It
+    # reads commands, and (Kubernetes mode) the statuses and swap events it writes back to the objects.
+    Identity.ACTUATOR: (
+        f"{subjects.RUNTIME_STATUS_PREFIX}.>",
+        f"{subjects.ACTUATOR_HELLO_PREFIX}.>",
+        f"{subjects.SPEC_PREFIX}.>",
+        *_create_streams(),
+        *_read(subjects.COMMAND_STREAM, subjects.MODEL_STATUS_STREAM, subjects.EVENTS_STREAM),
+    ),
+    Identity.LEASE_MANAGER: (
+        f"{subjects.EVENTS_PREFIX}.lease.>",
+        *_create_streams(),
+        *_read(subjects.MODEL_STATUS_STREAM, subjects.EVENTS_STREAM),
+    ),
+    Identity.DEMAND: (f"{subjects.DEMAND_PREFIX}.>",),
+}
+
+
 def permissions(identity: Identity) -> Permissions:
     """What ``identity`` may publish and subscribe to."""
-    p = subjects
     if identity is Identity.ADMIN:
         return Permissions(publish=(">",), subscribe=(">",))
-    if identity is Identity.SCHEDULER:
-        # The owner of the streams and the sole writer of routes, commands, statuses and swap events.
-        return Permissions(
-            publish=(
-                f"{p.COMMAND_PREFIX}.>",
-                f"{p.STATUS_PREFIX}.>",
-                f"{p.EVENTS_PREFIX}.>",
-                ROUTES_WRITE,
-                f"{JS_API}.>",
-                "$JS.ACK.>",
-                "$JS.FC.>",
-            ),
-            subscribe=_inbox(identity),
-        )
-    if identity is Identity.PROXY:
-        return Permissions(
-            publish=(
-                f"{p.DEMAND_PREFIX}.>",
-                f"{p.IN_FLIGHT_PREFIX}.>",
-                *_create_streams(),
-                *_read(ROUTES_STREAM),
-            ),
-            subscribe=_inbox(identity),
-        )
-    if identity is Identity.ACTUATOR:
-        # Statuses of the runtimes it runs, its hello; in Kubernetes mode the specs it reads from the cluster. It
-        # reads commands, and (Kubernetes mode) the statuses and swap events it writes back to the objects.
-        return Permissions(
-            publish=(
-                f"{p.RUNTIME_STATUS_PREFIX}.>",
-                f"{p.ACTUATOR_HELLO_PREFIX}.>",
-                f"{p.SPEC_PREFIX}.>",
-                *_create_streams(),
-                *_read(p.COMMAND_STREAM, p.MODEL_STATUS_STREAM, p.EVENTS_STREAM),
-            ),
-            subscribe=_inbox(identity),
-        )
-    if identity is Identity.LEASE_MANAGER:
-        return Permissions(
-            publish=(
-                f"{p.EVENTS_PREFIX}.lease.>",
-                *_create_streams(),
-                *_read(p.MODEL_STATUS_STREAM, p.EVENTS_STREAM),
-            ),
-            subscribe=_inbox(identity),
-        )
-    if identity is Identity.DEMAND:
-        return Permissions(publish=(f"{p.DEMAND_PREFIX}.>",), subscribe=_inbox(identity))
     if identity is Identity.OBSERVER:
         return Permissions(
-            publish=(f"{JS_API}.INFO", *_read(p.MODEL_STATUS_STREAM, p.EVENTS_STREAM)),
-            subscribe=(*_inbox(identity), f"{p.STATUS_PREFIX}.>", f"{p.EVENTS_PREFIX}.>"),
+            publish=(f"{JS_API}.INFO", *_read(subjects.MODEL_STATUS_STREAM, subjects.EVENTS_STREAM)),
+            subscribe=(*_inbox(identity), f"{subjects.STATUS_PREFIX}.>", f"{subjects.EVENTS_PREFIX}.>"),
         )
-    raise ValueError(f"unknown identity {identity!r}")  # pragma: no cover - the enum is closed
+    if identity not in _PUBLISH:  # pragma: no cover - the enum is closed
+        raise ValueError(f"unknown identity {identity!r}")
+    return Permissions(publish=_PUBLISH[identity], subscribe=_inbox(identity))
 
 
 #: Which identity each service of ``flexinfer up`` connects as.

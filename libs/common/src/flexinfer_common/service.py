@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -176,9 +177,11 @@ def run_service(
     serve: Callable[[S, asyncio.Event], Coroutine[Any, Any, None]],
     *,
     check: Callable[[S], None] | None = None,
+    logger: logging.Logger = log,
 ) -> None:
     """A service's ``main``: settings (a bad value, or a ``check`` raising SettingsError, exits 2 naming the
-    variable), JSON logs, then ``serve`` until SIGTERM/SIGINT (a server it cannot reach at start exits 1)."""
+    variable), JSON logs, then ``serve`` until SIGTERM/SIGINT (a server it cannot reach at start exits 1, said by
+    ``logger``)."""
     try:
         settings = load_settings(settings_cls)
         if check is not None:
@@ -190,7 +193,7 @@ def run_service(
     try:
         run_until_signalled(lambda stop: serve(settings, stop))
     except ConnectionError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
+        logger.error("cannot start", extra={"error": str(exc)})
         raise SystemExit(1) from None
 
 

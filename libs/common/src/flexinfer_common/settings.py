@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
+import socket
 from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -362,6 +364,10 @@ class CommonSettings(BaseSettings):
 
     def admin_token_value(self) -> str | None:
         return self.admin_token.get_secret_value() if self.admin_token else None
+
+    def make_instance_id(self) -> str:
+        """This replica's id: FLEXINFER_INSTANCE_ID, else ``<host name>-<process id>``."""
+        return self.instance_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 class KubernetesSettings(CommonSettings):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
-import socket
-import sys
 
 from flexinfer_actuator import __version__
 from flexinfer_actuator.adapters.gpu import open_gpu_memory
@@ -25,16 +22,11 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.kube.client import KubeClient, connect_from_settings
-from flexinfer_common.logs import get_logger, start_logging
-from flexinfer_common.runner import run_until_signalled
-from flexinfer_common.service import HttpServer
-from flexinfer_common.settings import ActuatorKind, SettingsError, load_settings
+from flexinfer_common.logs import get_logger
+from flexinfer_common.service import HttpServer, run_service
+from flexinfer_common.settings import ActuatorKind
 
 log = get_logger("flexinfer.actuator")
-
-
-def instance_id(settings: ActuatorSettings) -> str:
-    return settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeClient:
@@ -44,7 +36,7 @@ def connect_kubernetes(settings: ActuatorSettings, instance: str = "") -> KubeCl
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
-    instance = instance_id(settings)
+    instance = settings.make_instance_id()
     clock = SystemClock()
     kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
     bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}", auth=settings.nats_auth())
@@ -139,17 +131,10 @@ async def _serve_kubernetes(
         await http.stop()
 
 
+def _kubernetes_configured(settings: ActuatorSettings) -> None:
+    if settings.actuator is ActuatorKind.KUBERNETES:
+        connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
+
+
 def run() -> None:
-    try:
-        settings = load_settings(ActuatorSettings)
-        if settings.actuator is ActuatorKind.KUBERNETES:
-            connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
-    except SettingsError as exc:
-        sys.stderr.write(f"flexinfer-actuator: {exc}\n")
-        raise SystemExit(2) from None
-    start_logging("actuator", settings)
-    try:
-        run_until_signalled(functools.partial(serve, settings))
-    except ConnectionError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        raise SystemExit(1) from None
+    run_service("actuator", ActuatorSettings, serve, check=_kubernetes_configured, logger=log)

@@ -82,8 +82,11 @@ class KubeSync:
 
     async def reconcile(self) -> None:
         timing = self.manager.timing
+        gpuleases = self.gpuleases.objects()
+        with_memory = {str(spec.get("group")) for obj in gpuleases if "memory" in (spec := obj.get("spec") or {})}
+        per_device = {group: await self.store.memory_per_device(group) for group in sorted(with_memory)}
         world = KubeWorld(
-            gpuleases=self.gpuleases.objects(),
+            gpuleases=gpuleases,
             caches=self.caches.objects(),
             jobs=self.jobs.objects(),
             configmaps=self.configmaps.objects(),
@@ -92,6 +95,7 @@ class KubeSync:
             now=self.clock.now(),
             default_ttl=int(timing.default_ttl.total_seconds()),
             refresh=timing.refresh,
+            memory_per_device={group: size for group, size in per_device.items() if size is not None},
         )
         plan = plan_kubernetes(world)
         await self._apply(plan, world)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock, SystemClock
@@ -32,7 +30,7 @@ log = get_logger("flexinfer.lease_manager")
 
 async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: Clock | None = None) -> None:
     clock = clock or SystemClock()
-    instance = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+    instance = settings.make_instance_id()
     kube: KubeClient | None = None
     if settings.actuator is ActuatorKind.KUBERNETES:
         kube = connect_from_settings(settings, user_agent=f"flexinfer-lease-manager/{__version__} ({instance})")

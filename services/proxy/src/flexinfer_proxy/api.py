@@ -151,12 +151,8 @@ class ProxyHandler:
             # A cached resolution means the snapshot was loaded (``_resolve`` runs only then, and it stays loaded).
             hit = self._resolved.get(model) if self._routes.version == self._resolved_at else None
             if hit is None:
-                if not self._loaded.is_set():
-                    self._wait(request, self._serve_when_loaded(request, model, target, body))
-                    return
-                hit = self._resolve_or_wait(request, model, target, body)
-                if hit is None:
-                    return
+                self._serve_model(request, model, target, body)
+                return
             key, route, endpoint = hit
             if endpoint is not None and route.ready and not self._queues.length(key):
                 # ``_forward_or_queue``, ``_forward_now`` and ``forward_now`` inlined for the usual request.
@@ -189,16 +185,20 @@ class ProxyHandler:
 
     def serve_streamed(self, request: Request, model: str, target: bytes) -> None:
         """Forward or queue a request whose body streams (what arrived of it is in ``request.parts``)."""
+        self._serve_model(request, model, target, None)
+
+    def _serve_model(self, request: Request, model: str, target: bytes, body: bytes | None) -> None:
+        """Forward or queue a request for ``model`` (not resolved yet)."""
         key: ModelKey | None = None
         try:
             if not self._loaded.is_set():
-                self._wait(request, self._serve_when_loaded(request, model, target, None))
+                self._wait(request, self._serve_when(self._wait_for_routes, request, model, target, body))
                 return
-            hit = self._resolve_or_wait(request, model, target, None)
+            hit = self._resolve_or_wait(request, model, target, body)
             if hit is None:
                 return
             key, route, endpoint = hit
-            self._forward_or_queue(request, key, route, endpoint, target, None)
+            self._forward_or_queue(request, key, route, endpoint, target, body)
         except ProxyError as error:
             self._answer_error(request, key, error)
 
@@ -212,18 +212,9 @@ class ProxyHandler:
         except ProxyError as error:
             if error.code is not ErrorCode.MODEL_NOT_FOUND or self._caught_up is None:
                 raise
-        self._wait(request, self._serve_when_caught_up(request, model, target, body))
+            caught_up = self._caught_up
+        self._wait(request, self._serve_when(caught_up, request, model, target, body))
         return None
-
-    async def _serve_when_caught_up(self, request: Request, model: str, target: bytes, body: bytes | None) -> None:
-        key: ModelKey | None = None
-        try:
-            assert self._caught_up is not None
-            await self._caught_up()
-            key, route, endpoint = self._resolve(model)
-            self._forward_or_queue(request, key, route, endpoint, target, body)
-        except ProxyError as error:
-            self._answer_error(request, key, error)
 
     def _resolve(self, model: str) -> tuple[ModelKey, Route, Endpoint | None]:
         """The model a request names, its route, and where a Ready one listens; cached until the table changes."""
@@ -289,15 +280,8 @@ class ProxyHandler:
         self._check_api_key(request)
         # Names from the decoded path; the rest is forwarded exactly as the client encoded it.
         model = f"{names[1]}/{names[2]}"
-        rest = prefixed[2].encode("latin-1")
-        if not self._loaded.is_set():
-            self._wait(request, self._serve_when_loaded(request, model, rest, None))
-            return True
-        key, route, endpoint = self._resolve(model)
-        try:
-            self._forward_or_queue(request, key, route, endpoint, rest, None)
-        except ProxyError as error:
-            self._answer_error(request, key, error)
+        # as a /v1 request: a model applied a moment ago is found once the route watch caught up, not 404 at once
+        self._serve_model(request, model, prefixed[2].encode("latin-1"), None)
         return True
 
     def _forward_or_queue(
@@ -421,11 +405,19 @@ class ProxyHandler:
 
         request.on_gone = gone
 
-    async def _serve_when_loaded(self, request: Request, model: str, target: bytes, body: bytes | None) -> None:
-        """Just started: wait for the route snapshot rather than calling a real model unknown."""
+    async def _serve_when(
+        self,
+        ready: Callable[[], Awaitable[object]],
+        request: Request,
+        model: str,
+        target: bytes,
+        body: bytes | None,
+    ) -> None:
+        """Wait until ``ready`` (just started: the route snapshot; a model not in it: the watch caught up with the
+        bucket) rather than calling a real model unknown, then resolve and forward or queue."""
         key: ModelKey | None = None
         try:
-            await self._wait_for_routes()
+            await ready()
             key, route, endpoint = self._resolve(model)
             self._forward_or_queue(request, key, route, endpoint, target, body)
         except ProxyError as error:

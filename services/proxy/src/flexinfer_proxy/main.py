@@ -153,10 +153,6 @@ def run() -> None:
     args = parser.parse_args()
     try:
         settings = load_settings(ProxySettings)
-    except SettingsError as exc:
-        print(f"flexinfer-proxy: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    try:
         ensure_descriptors(settings.descriptors_needed())
     except SettingsError as exc:
         print(f"flexinfer-proxy: {exc}", file=sys.stderr)

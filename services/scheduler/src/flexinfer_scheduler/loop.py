@@ -52,8 +52,10 @@ from flexinfer_scheduler.metrics import (
 )
 from flexinfer_scheduler.ports import (
     LOCAL_BACKEND,
+    DemandReport,
     LeaderLock,
     MeasuredMemory,
+    RuntimeReport,
     SchedulerBus,
     SchedulerStore,
     Stoppable,
@@ -269,13 +271,15 @@ class Scheduler:
         now = self.clock.now()
         when = min(demand.time, now) if demand.time else now
         group = await self.store.record_demand(
-            namespace=demand.namespace,
-            name=demand.model,
-            source=demand.source,
-            queued=demand.queued,
-            when=when,
-            message_id=delivery.message_id,
-            valid_for=timedelta(seconds=demand.valid_for) if demand.valid_for is not None else None,
+            DemandReport(
+                namespace=demand.namespace,
+                name=demand.model,
+                source=demand.source,
+                queued=demand.queued,
+                when=when,
+                message_id=delivery.message_id,
+                valid_for=timedelta(seconds=demand.valid_for) if demand.valid_for is not None else None,
+            )
         )
         if group is not None:
             self.kick(group)
@@ -299,13 +303,15 @@ class Scheduler:
             if crash is not None:
                 await self._announce_crash(status, restarts=crash[0], group=crash[1])
         group = await self.store.record_runtime(
-            namespace=status.namespace,
-            name=status.model,
-            phase=status.phase.value,
-            generation=status.generation,
-            endpoint=status.endpoint,
-            message=status.message,
-            when=status.time,
+            RuntimeReport(
+                namespace=status.namespace,
+                name=status.model,
+                phase=status.phase.value,
+                generation=status.generation,
+                endpoint=status.endpoint,
+                message=status.message,
+                when=status.time,
+            )
         )
         if group is not None:
             if status.gpu_memory is not None:
@@ -384,6 +390,14 @@ class Scheduler:
                 log.info(
                     "GPU devices discovered by the local actuator",
                     extra={"actuator": hello.actuator, "devices": len(hello.gpu_devices)},
+                )
+            groups = await self.store.group_names() if hello.gpu_devices else []
+            if len(groups) > 1:  # domain.manifests.machine_capacity
+                log.warning(
+                    "GPU devices discovered, but several groups share this machine: none gets them as its capacity "
+                    "(each would count every device); declare spec.capacity on each group's GPUGroup to load several "
+                    "models per card",
+                    extra={"groups": groups, "devices": len(hello.gpu_devices)},
                 )
         self.kick()
 

@@ -161,6 +161,37 @@ class MembershipChangeRefused(GroupChangeRefused):
 LOCAL_BACKEND = "local"
 
 
+@dataclass(frozen=True, slots=True)
+class DemandReport:
+    """A demand signal as the store records it: ``source`` has ``queued`` requests for the model at ``when``, a count
+    that stands for ``valid_for`` (None: the TTL load_world is given); ``message_id`` makes a repeat count once."""
+
+    namespace: str
+    name: str
+    source: str
+    queued: int
+    when: datetime
+    message_id: str
+    valid_for: timedelta | None = None
+
+    @property
+    def valid_until(self) -> datetime | None:
+        return self.when + self.valid_for if self.valid_for is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeReport:
+    """An actuator's report on a model's runtime (``phase``, a RuntimePhase value) for command ``generation``."""
+
+    namespace: str
+    name: str
+    phase: str
+    generation: int
+    endpoint: str | None
+    message: str
+    when: datetime
+
+
 @dataclass(frozen=True)
 class MeasuredMemory:
     """What ``record_measured_memory`` found: the model's group, the figure it replaced, and the declared or
@@ -189,29 +220,15 @@ class SchedulerStore(Protocol):
         """Write what the plans changed, and only that, in one transaction."""
         ...
 
-    async def record_demand(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        source: str,
-        queued: int,
-        when: datetime,
-        message_id: str,
-        valid_for: timedelta | None = None,
-    ) -> str | None: ...
+    async def record_demand(self, report: DemandReport) -> str | None:
+        """Refresh lastActiveTime (never backwards) and the source's queued count. Returns the model's group, or
+        None when the model is unknown or the message was seen already."""
+        ...
 
-    async def record_runtime(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        phase: str,
-        generation: int,
-        endpoint: str | None,
-        message: str,
-        when: datetime,
-    ) -> str | None: ...
+    async def record_runtime(self, report: RuntimeReport) -> str | None:
+        """Store an actuator report unless it answers an older command than the last one seen. Returns the
+        model's group when stored."""
+        ...
 
     async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:
         """Store what a model was measured to hold on the GPU (written only when it changed); None: no such

@@ -454,23 +454,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def _strings(body: dict[str, Any], field: str) -> list[str]:
+    """``field`` of a request: a string or a non-empty list of strings, as a list."""
+    value = body.get(field)
+    if value is None:
+        raise _bad_request(f"missing required field '{field}'", param=field, code="missing_field")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise _bad_request(
+        f"'{field}' must be a string or a non-empty list of strings (token ids are not supported)",
+        param=field,
+        code="invalid_type",
+    )
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     body = await _json_body(request)
     stream, include_usage = _check_common(body)
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise _bad_request("missing required field 'prompt'", param="prompt", code="missing_field")
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    else:
-        raise _bad_request(
-            "'prompt' must be a string or a non-empty list of strings (token ids are not supported)",
-            param="prompt",
-            code="invalid_type",
-        )
+    prompts = _strings(body, "prompt")
     if (err := _unavailable(state)) is not None:
         raise err
 
@@ -521,19 +525,7 @@ async def embeddings(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _json_body(request)
     _opt(body, "model", str, "")
-    inp = body.get("input")
-    if inp is None:
-        raise _bad_request("missing required field 'input'", param="input", code="missing_field")
-    if isinstance(inp, str):
-        inputs = [inp]
-    elif isinstance(inp, list) and inp and all(isinstance(x, str) for x in inp):
-        inputs = list(inp)
-    else:
-        raise _bad_request(
-            "'input' must be a string or a non-empty list of strings (token ids are not supported)",
-            param="input",
-            code="invalid_type",
-        )
+    inputs = _strings(body, "input")
     encoding_format = _opt(body, "encoding_format", str, "float")
     if encoding_format not in ("float", "base64"):
         raise _bad_request(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 from urllib.parse import quote
 
 from kubernetes import client as k8s
@@ -158,6 +158,14 @@ def connect_from_settings(settings: KubernetesSettings, *, user_agent: str = "")
         ) from None
 
 
+class RequestOptions(TypedDict, total=False):
+    """What one API call may carry besides its method and path."""
+
+    query: Mapping[str, str] | None
+    body: Any
+    content_type: str | None  # of ``body``; default application/json
+
+
 class KubeClient:
     """The Kubernetes API with dict bodies; every method is a coroutine that runs the call in a thread."""
 
@@ -198,11 +206,10 @@ class KubeClient:
         method: str,
         path: str,
         *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
         timeout: float | tuple[float, float] | None = None,
+        **options: Unpack[RequestOptions],
     ) -> Any:
+        query, body, content_type = options.get("query"), options.get("body"), options.get("content_type")
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -221,8 +228,8 @@ class KubeClient:
         except Exception as exc:  # urllib3: refused, reset, timed out
             raise KubeError(0, "Unreachable", repr(exc)) from None
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Object:
-        response = self._send(method, path, **kwargs)
+    def _request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> Object:
+        response = self._send(method, path, **options)
         try:
             data = response.read()
         except Exception as exc:
@@ -234,18 +241,10 @@ class KubeClient:
         parsed: Object = json.loads(data)
         return parsed
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
-    ) -> Object:
+    async def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> Object:
         """One API call; raises :class:`KubeError` (status 0 when the server cannot be reached)."""
         loop = asyncio.get_running_loop()
-        call = partial(self._request, method, path, query=query, body=body, content_type=content_type)
+        call = partial(self._request, method, path, **options)
         return await loop.run_in_executor(self._pool, call)
 
     # ------------------------------------------------------------------ verbs

@@ -25,7 +25,6 @@ import pwd
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +80,7 @@ from flexinfer_common.local_commands import (
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import WOKEN, RuntimeSpec
 from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS
+from flexinfer_common.tcp import free_port
 
 log = get_logger("flexinfer.actuator.local")
 
@@ -116,13 +116,6 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the model binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -403,7 +396,7 @@ class LocalProcessScaler:
                 return
             template, readiness_path, preset_env = launch.argv, launch.readiness_path, launch.env
             log.info("backend preset", extra={**where, "engine": engine.id, "readiness_path": readiness_path})
-        port = spec.port or free_loopback_port()
+        port = spec.port or free_port()  # the model binds it a moment later
         argv = render_command(template, port)
         log_path = self.logs_dir / log_file_name(spec.namespace, spec.name)
         started_at = self._clock.now()

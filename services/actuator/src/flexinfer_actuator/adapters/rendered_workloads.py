@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from flexinfer_actuator.adapters.spec_sync import ResourceKey, SpecErrors
 from flexinfer_actuator.domain.rendering import (
@@ -39,6 +39,8 @@ from flexinfer_common.logs import get_logger
 from flexinfer_common.manifests import GPUGroup, ManifestError, Model, parse_resource
 from flexinfer_common.notes import EventType, Note
 from flexinfer_common.tasks import Background
+
+R = TypeVar("R", GPUGroup, Model)
 
 log = get_logger("flexinfer.actuator.renderer")
 
@@ -252,31 +254,17 @@ class WorkloadRenderer:
 
     def _gpugroups(self, name: str) -> list[GPUGroup]:
         """The GPUGroups of that name that parse (spec sync reports the others)."""
-        groups = []
-        for obj in self.groups.cache.values():
-            if (obj.get("metadata") or {}).get("name") != name:
-                continue
-            try:
-                parsed = parse_resource({**obj, "status": None})
-            except ManifestError:
-                continue
-            if isinstance(parsed, GPUGroup):
-                groups.append(parsed)
-        return groups
+        named = (obj for obj in self.groups.cache.values() if (obj.get("metadata") or {}).get("name") == name)
+        return _parsed(named, GPUGroup)
 
     def _members(self, shared: str, key: tuple[str, str]) -> list[Model]:
         """The other Models of the shared group, parsed."""
-        models = []
-        for other_key, obj in self.models.cache.items():
-            if other_key == key or ((obj.get("spec") or {}).get("gpu") or {}).get("shared") != shared:
-                continue
-            try:
-                parsed = parse_resource({**obj, "status": None})
-            except ManifestError:
-                continue
-            if isinstance(parsed, Model):
-                models.append(parsed)
-        return models
+        members = (
+            obj
+            for other_key, obj in self.models.cache.items()
+            if other_key != key and ((obj.get("spec") or {}).get("gpu") or {}).get("shared") == shared
+        )
+        return _parsed(members, Model)
 
     def _running(self, deployment: Object | None) -> bool:
         """The model holds (or is about to hold) its GPU: replicas asked for, or a Pod still there."""
@@ -361,3 +349,16 @@ class WorkloadRenderer:
         if self._noted.get(key) != message:
             self._noted[key] = message
             self._note(Note(key[0], key[1], kind, reason, message))
+
+
+def _parsed(objects: Iterable[Object], kind: type[R]) -> list[R]:
+    """The objects that parse as ``kind`` (their status aside); one that does not parse is passed over."""
+    found = []
+    for obj in objects:
+        try:
+            parsed = parse_resource({**obj, "status": None})
+        except ManifestError:
+            continue
+        if isinstance(parsed, kind):
+            found.append(parsed)
+    return found

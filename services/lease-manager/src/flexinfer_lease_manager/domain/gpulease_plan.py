@@ -42,6 +42,7 @@ from flexinfer_lease_manager.domain.leases import (
     LeaseSource,
     group_leased_message,
     new_lease,
+    oversized_memory,
     renewal_due,
     renewed,
     unknown_group_message,
@@ -137,6 +138,8 @@ class KubeWorld:
     now: datetime
     default_ttl: int
     refresh: timedelta
+    #: the declared spec.capacity.memoryPerDevice (bytes) of the groups GPULeases with memory name, where declared
+    memory_per_device: Mapping[str, int] = field(default_factory=dict)
 
 
 def lease_status(lease: Lease) -> dict[str, Any]:
@@ -241,6 +244,10 @@ class _Planner:
         world, namespace, name = self.world, *key_of(obj)
         if spec.group not in world.known_groups:
             self.pend(obj, unknown_group_message(spec.group, world.known_groups), warn="UnknownGroup")
+            return
+        too_large = oversized_memory(spec.memory, spec.group, world.memory_per_device.get(spec.group))
+        if too_large is not None:  # what the REST API refuses with 422: never acquired, said in the status
+            self.pend(obj, "invalid spec: spec." + too_large, warn="InvalidSpec")
             return
         holder = self.by_group.get(spec.group)
         if holder is not None:

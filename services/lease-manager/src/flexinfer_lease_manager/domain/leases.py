@@ -160,6 +160,17 @@ class LeaseRefused(Exception):
         self.holder = holder
 
 
+def oversized_memory(memory: int | None, group: str, memory_per_device: int | None) -> str | None:
+    """Why a lease with ``memory`` can never be reserved on one device of ``group`` (None: it can, or the group
+    declares no capacity, in which case the whole group is leased)."""
+    if memory is None or memory_per_device is None or memory <= memory_per_device:
+        return None
+    return (
+        f"memory: {memory} bytes is more than one device of group {group} holds "
+        f"(spec.capacity.memoryPerDevice {memory_per_device} bytes); omit memory to lease the whole group"
+    )
+
+
 def request_problems(
     request: LeaseRequest, *, namespaces: Iterable[str] | None = None, memory_per_device: int | None = None
 ) -> list[str]:
@@ -169,11 +180,8 @@ def request_problems(
     problems = []
     if request.memory is not None and request.memory < 1:
         problems.append(f"memory: must be a positive amount of memory (got {request.memory})")
-    elif request.memory is not None and memory_per_device is not None and request.memory > memory_per_device:
-        problems.append(
-            f"memory: {request.memory} bytes is more than one device of group {request.group} holds "
-            f"(spec.capacity.memoryPerDevice {memory_per_device} bytes); omit memory to lease the whole group"
-        )
+    elif (too_large := oversized_memory(request.memory, request.group, memory_per_device)) is not None:
+        problems.append(too_large)
     if not request.group.strip():
         problems.append("group: must not be empty")
     if not _OWNER.match(request.owner) or len(request.owner) > MAX_NAME:

@@ -33,19 +33,28 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import GroupMove, SpecFacts, discovered_capacity, membership, place
+from flexinfer_scheduler.domain.manifests import (
+    GroupMove,
+    SpecFacts,
+    discovered_capacity,
+    machine_capacity,
+    membership,
+    place,
+)
 from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
     API_ORIGIN,
     LOCAL_BACKEND,
     Decoder,
+    DemandReport,
     GroupChangeRefused,
     Handler,
     M,
     MeasuredMemory,
     MembershipChangeRefused,
     Origin,
+    RuntimeReport,
     StoredStatus,
     World,
     changes_of,
@@ -126,6 +135,7 @@ class MemoryStore:
             by_group.setdefault(row.group_name, []).append(member)
         names = set(by_group) | {n for n in self.groups if groups_only is None or n in groups_only}
         active_swaps = {s.group_name: s for s in self.swaps.values() if s.phase in ACTIVE_SWAP_PHASES}
+        all_groups = {row.group_name for row in self.models.values() if row.group_name} | set(self.groups)
         snapshots = []
         for name in sorted(names):
             lease = self.leases.get(name)
@@ -137,7 +147,7 @@ class MemoryStore:
                     self.groups.get(name),
                     active_swaps.get(name),
                     live,
-                    self.discovered.get(LOCAL_BACKEND),
+                    machine_capacity(self.discovered.get(LOCAL_BACKEND), len(all_groups)),
                 )
             )
         if self.lease_error is not None:
@@ -189,45 +199,26 @@ class MemoryStore:
         return self.models.get(ModelKey(namespace, name))
 
     # ---- bus inputs --------------------------------------------------------------------------------------
-    async def record_demand(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        source: str,
-        queued: int,
-        when: datetime,
-        message_id: str,
-        valid_for: timedelta | None = None,
-    ) -> str | None:
-        if message_id in self._seen:
+    async def record_demand(self, report: DemandReport) -> str | None:
+        if report.message_id in self._seen:
             return None
-        row = self.models.get(ModelKey(namespace, name))
+        key, when = ModelKey(report.namespace, report.name), report.when
+        row = self.models.get(key)
         if row is None:
             return None
-        self._seen[message_id] = when
+        self._seen[report.message_id] = when
         row.last_active_time = when if row.last_active_time is None else max(row.last_active_time, when)
-        slot = (ModelKey(namespace, name), source)
+        slot = (key, report.source)
         if slot not in self._demand or self._demand[slot][1] <= when:
-            self._demand[slot] = (queued, when, when + valid_for if valid_for is not None else None)
+            self._demand[slot] = (report.queued, when, report.valid_until)
         return row.group_name
 
-    async def record_runtime(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        phase: str,
-        generation: int,
-        endpoint: str | None,
-        message: str,
-        when: datetime,
-    ) -> str | None:
-        row = self.models.get(ModelKey(namespace, name))
-        if row is None or not row.runtime_generation <= generation <= row.command_generation:
+    async def record_runtime(self, report: RuntimeReport) -> str | None:
+        row = self.models.get(ModelKey(report.namespace, report.name))
+        if row is None or not row.runtime_generation <= report.generation <= row.command_generation:
             return None
-        row.runtime_phase, row.runtime_generation, row.runtime_updated_at = phase, generation, when
-        row.endpoint, row.runtime_message = endpoint, message
+        row.runtime_phase, row.runtime_generation, row.runtime_updated_at = report.phase, report.generation, report.when
+        row.endpoint, row.runtime_message = report.endpoint, report.message
         return row.group_name
 
     async def record_measured_memory(self, *, namespace: str, name: str, measured: int) -> MeasuredMemory | None:

@@ -68,12 +68,14 @@ from flexinfer_scheduler.adapters.rows import (
     stored_status,
 )
 from flexinfer_scheduler.adapters.weights import facts_of
-from flexinfer_scheduler.domain.manifests import SpecFacts, discovered_capacity
+from flexinfer_scheduler.domain.manifests import SpecFacts, discovered_capacity, machine_capacity
 from flexinfer_scheduler.domain.model import Capacity, Lease, Member
 from flexinfer_scheduler.domain.plan import GroupPlan
 from flexinfer_scheduler.ports import (
     LOCAL_BACKEND,
+    DemandReport,
     MeasuredMemory,
+    RuntimeReport,
     StoredStatus,
     World,
     changes_of,
@@ -132,6 +134,7 @@ _ALL_GROUPS = union(
     select(ModelRow.group_name.label("name")).where(ModelRow.group_name.is_not(None)), select(GroupRow.name)
 ).subquery()
 _GROUP_NAMES = select(func.array_agg(_ALL_GROUPS.c.name))
+_GROUP_COUNT = select(func.count()).select_from(_ALL_GROUPS)  # every group of the machine: machine_capacity
 _MODEL_KEYS = select(func.array_agg(ModelRow.namespace.concat("/").concat(ModelRow.name)))
 
 
@@ -355,7 +358,9 @@ class Store(ManifestStore):
             async with autocommit(self.sessions) as session:
                 rows = list((await session.execute(group_query, group_params)).all())
                 found = (await session.execute(_DISCOVERED)).first()
-                return rows, Capacity(found[0], found[1]) if found is not None else None
+                if found is None:
+                    return rows, None
+                return rows, machine_capacity(Capacity(found[0], found[1]), await session.scalar(_GROUP_COUNT) or 0)
 
         async def read_leases() -> dict[str, Lease] | None:
             try:
@@ -510,62 +515,36 @@ class Store(ManifestStore):
         self._known_groups.update(v["name"] for v in group_values)
 
     # ---- bus inputs --------------------------------------------------------------------------------------
-    async def record_demand(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        source: str,
-        queued: int,
-        when: datetime,
-        message_id: str,
-        valid_for: timedelta | None = None,
-    ) -> str | None:
-        """Refresh lastActiveTime (never backwards) and this source's queued count, which stands for ``valid_for``
-        (None: the TTL load_world is given). Returns the model's group, or None when the model is unknown or the
-        message was seen already.
-
-        One statement (the message id, the model and the signal as data-modifying CTEs): it is on the way from
+    async def record_demand(self, report: DemandReport) -> str | None:
+        """One statement (the message id, the model and the signal as data-modifying CTEs): it is on the way from
         every demand to its command, where each round trip to Postgres counts."""
         async with autocommit(self.sessions) as conn:
             group: str | None = await conn.scalar(
                 _record_demand_statement(),
                 {
-                    "p_message_id": message_id,
-                    "p_namespace": namespace,
-                    "p_name": name,
-                    "p_source": source,
-                    "p_queued": queued,
-                    "p_when": when,
-                    "p_valid_until": when + valid_for if valid_for is not None else None,
+                    "p_message_id": report.message_id,
+                    "p_namespace": report.namespace,
+                    "p_name": report.name,
+                    "p_source": report.source,
+                    "p_queued": report.queued,
+                    "p_when": report.when,
+                    "p_valid_until": report.valid_until,
                 },
             )
             return group
 
-    async def record_runtime(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        phase: str,
-        generation: int,
-        endpoint: str | None,
-        message: str,
-        when: datetime,
-    ) -> str | None:
-        """Store an actuator report unless it answers an older command than the last one seen. Returns the
-        model's group when stored."""
+    async def record_runtime(self, report: RuntimeReport) -> str | None:
         async with autocommit(self.sessions) as conn:  # one statement
             group: str | None = await conn.scalar(
                 _record_runtime_statement(),
                 {
-                    "p_namespace": namespace,
-                    "p_name": name,
-                    "p_generation": generation,
-                    "p_phase": phase,
-                    "p_when": when,
-                    "p_endpoint": endpoint,
-                    "p_message": message,
+                    "p_namespace": report.namespace,
+                    "p_name": report.name,
+                    "p_generation": report.generation,
+                    "p_phase": report.phase,
+                    "p_when": report.when,
+                    "p_endpoint": report.endpoint,
+                    "p_message": report.message,
                 },
             )
             return group

@@ -199,6 +199,13 @@ def discovered_capacity(device_memory: Sequence[int]) -> Capacity | None:
     return Capacity(devices=len(sizes), memory_per_device=min(sizes)) if sizes else None
 
 
+def machine_capacity(discovered: Capacity | None, groups: int) -> Capacity | None:
+    """The discovered capacity a group that declares none gets: only when it is the machine's one group. Several
+    groups would each count every device of the machine and together load more than it holds: they hold one model
+    at a time each (as without a GPU) until each declares its ``spec.capacity``."""
+    return discovered if groups == 1 else None
+
+
 def declared_capacity(manifest: dict[str, Any] | None) -> Capacity | None:
     """A GPUGroup's ``spec.capacity`` (validated when it was stored), read without parsing the whole manifest:
     every pass reads it for every group. None: one model at a time, as the seed."""

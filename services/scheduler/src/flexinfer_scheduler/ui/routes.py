@@ -20,7 +20,7 @@ import hmac
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -35,6 +35,7 @@ from flexinfer_common import subjects
 from flexinfer_common.auth import bearer_matches, token_matches
 from flexinfer_common.bus import Bus, Delivery
 from flexinfer_common.clock import Clock, rfc3339
+from flexinfer_common.db import ModelRow
 from flexinfer_common.errors import ApiError
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import LeaseEvent, ModelEvent
@@ -58,6 +59,7 @@ SESSION_SECONDS = 12 * 3600
 REFRESH_SECONDS = 5.0  # the rebuild when nothing on the bus said so (in-flight counts, queue depths, countdowns)
 DEBOUNCE_SECONDS = 0.15  # a burst of bus messages (one pass publishes many) makes one rebuild
 KEEPALIVE_SECONDS = 15.0
+SetWanted = Callable[[str, str, datetime], Awaitable[ModelRow | None]]  # Store.set_promoted, Store.set_parked
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 
 
@@ -402,25 +404,24 @@ def ui_router(page: StatusPage) -> APIRouter:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    @router.post("/ui/api/models/{namespace}/{name}/promote")
-    async def promote(request: Request, namespace: str, name: str) -> JSONResponse:
+    async def set_wanted(request: Request, namespace: str, name: str, set_: SetWanted, message: str) -> JSONResponse:
+        """Promote or park a model as its operator asked, then elect again at once."""
         page.require(request)
-        row = await page.store.set_promoted(namespace, name, page.clock.now())
-        if row is None:
+        if await set_(namespace, name, page.clock.now()) is None:
             raise ApiError(404, f"model {namespace}/{name} not found")
         page.scheduler.kick()
         page.changed()
-        return JSONResponse({"message": f"promoted {namespace}/{name}: it takes the GPU (a lease still wins)"})
+        return JSONResponse({"message": message})
+
+    @router.post("/ui/api/models/{namespace}/{name}/promote")
+    async def promote(request: Request, namespace: str, name: str) -> JSONResponse:
+        message = f"promoted {namespace}/{name}: it takes the GPU (a lease still wins)"
+        return await set_wanted(request, namespace, name, page.store.set_promoted, message)
 
     @router.post("/ui/api/models/{namespace}/{name}/park")
     async def park(request: Request, namespace: str, name: str) -> JSONResponse:
-        page.require(request)
-        row = await page.store.set_parked(namespace, name, page.clock.now())
-        if row is None:
-            raise ApiError(404, f"model {namespace}/{name} not found")
-        page.scheduler.kick()
-        page.changed()
-        return JSONResponse({"message": f"parking {namespace}/{name} (as for its idle timeout; a request wakes it)"})
+        message = f"parking {namespace}/{name} (as for its idle timeout; a request wakes it)"
+        return await set_wanted(request, namespace, name, page.store.set_parked, message)
 
     @router.post("/ui/api/leases/{name}/release")
     async def release(request: Request, name: str) -> JSONResponse:

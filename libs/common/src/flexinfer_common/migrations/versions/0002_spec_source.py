@@ -1,17 +1,10 @@
-"""spec sync from Kubernetes: where a model's or group's manifest comes from, and the generation it reflects
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-30 16:00:00
-"""
+"""spec sync from Kubernetes: where a model's or group's manifest comes from, and the generation it reflects"""
 
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,17 +1,10 @@
-"""GPU leases owned by the lease manager: one lease per group, TTL at least 60 s, the park phase, the GPULease uid
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-12-01 10:00:00
-"""
+"""GPU leases owned by the lease manager: one lease per group, TTL at least 60 s, the park phase, the GPULease uid"""
 
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,5 @@
 """scheduling quality: since when a model has wanted the GPU (hysteresis delay, bounded wait) and the requests each
 proxy has in flight (the drain)
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-30 18:00:00
 """
 
 from alembic import op
@@ -11,8 +7,6 @@ import sqlalchemy as sa
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

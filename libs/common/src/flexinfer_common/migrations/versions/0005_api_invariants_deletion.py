@@ -1,17 +1,10 @@
-"""deleting a model parks it first (models.deleting_at), and command generations that outlive a model's row
-
-Revision ID: 0005_api_invariants
-Revises: 0004
-Create Date: 2026-12-01 22:30:00
-"""
+"""deleting a model parks it first (models.deleting_at), and command generations that outlive a model's row"""
 
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0005_api_invariants"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

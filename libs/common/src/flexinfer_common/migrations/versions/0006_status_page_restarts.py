@@ -1,17 +1,10 @@
-"""status page: how often each model's server crashed after it was Ready (status.restarts)
-
-Revision ID: 0005_status_page_restarts
-Revises: 0005_api_invariants
-Create Date: 2026-12-01 22:40:00
-"""
+"""status page: how often each model's server crashed after it was Ready (status.restarts)"""
 
 from alembic import op
 import sqlalchemy as sa
 
 revision = "0005_status_page_restarts"
 down_revision = "0005_api_invariants"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

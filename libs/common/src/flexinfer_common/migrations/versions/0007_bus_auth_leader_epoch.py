@@ -1,17 +1,11 @@
 """the scheduler leader's fencing token: a sequence whose next value each new leader takes when it acquires the
 leader lock, carried on every ScaleCommand (``leader_epoch``) so the actuator refuses a deposed leader's commands
-
-Revision ID: 0005_bus_auth
-Revises: 0005_status_page_restarts
-Create Date: 2026-12-01 21:45:00
 """
 
 from alembic import op
 
 revision = "0005_bus_auth"
 down_revision = "0005_status_page_restarts"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

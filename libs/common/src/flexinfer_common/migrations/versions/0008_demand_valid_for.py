@@ -1,10 +1,6 @@
 """a demand message's own validity: until when a source's queued count stands without a newer message
 (``demand_signals.valid_until``, from the message's ``validFor``), so a proxy whose refresh interval is longer than
 the scheduler assumes keeps its waiting requests' demand
-
-Revision ID: 0008_demand_valid_for
-Revises: 0005_bus_auth
-Create Date: 2026-12-02 01:10:00
 """
 
 import sqlalchemy as sa
@@ -12,8 +8,6 @@ from alembic import op
 
 revision = "0008_demand_valid_for"
 down_revision = "0005_bus_auth"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

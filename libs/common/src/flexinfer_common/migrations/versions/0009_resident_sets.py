@@ -1,10 +1,6 @@
 """several models on one card: where each loaded model of a group with a capacity was placed
 (``models.placement``, device indexes "0,1") and since when it is being evicted to make room
 (``models.evicting_since``)
-
-Revision ID: 0009_resident_sets
-Revises: 0008_demand_valid_for
-Create Date: 2026-12-02 01:40:00
 """
 
 import sqlalchemy as sa
@@ -12,8 +8,6 @@ from alembic import op
 
 revision = "0009_resident_sets"
 down_revision = "0008_demand_valid_for"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,10 +1,6 @@
 """a loaded model moved to another group by a membership change from Kubernetes (a GPUGroup created, changed or
 deleted, or a Model's spec.gpu.shared) stays in its group until it is confirmed parked there (``models.moving_to``:
 the group it joins then), so two groups never both schedule it
-
-Revision ID: 0009_membership_moves
-Revises: 0009_resident_sets
-Create Date: 2026-12-02 01:15:00
 """
 
 import sqlalchemy as sa
@@ -12,8 +8,6 @@ from alembic import op
 
 revision = "0009_membership_moves"
 down_revision = "0009_resident_sets"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

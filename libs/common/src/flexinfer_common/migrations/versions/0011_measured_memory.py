@@ -1,10 +1,6 @@
 """measured GPU memory and discovered capacity (local mode with a GPU): ``models.measured_memory`` holds what a
 model's processes held when last measured; ``gpu_inventory`` the devices the local actuator found at its start,
 the capacity of a v1alpha2 shared group that declares none
-
-Revision ID: 0011_measured_memory
-Revises: 0009_membership_moves
-Create Date: 2026-12-02 09:00:00
 """
 
 import sqlalchemy as sa
@@ -12,8 +8,6 @@ from alembic import op
 
 revision = "0011_measured_memory"
 down_revision = "0009_membership_moves"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,5 @@
 """a lease with memory (GPULease spec.memory) frees only that much on one device of a group with a capacity
 (``leases.memory``, bytes) and says which device the scheduler reserved (``leases.device``)
-
-Revision ID: 0012_lease_memory
-Revises: 0011_measured_memory
-Create Date: 2026-12-02 08:45:00
 """
 
 import sqlalchemy as sa
@@ -11,8 +7,6 @@ from alembic import op
 
 revision = "0012_lease_memory"
 down_revision = "0011_measured_memory"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -24,7 +24,7 @@ from flexinfer_testbed.kube import KubeCluster
 from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.store import StoredEvent
 from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
-from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is
+from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is, small_and_tuned_side_by_side
 from tests.integration.test_scheduler_policies import running
 from tests.support.waiting import wait_for
 from tests.unit.test_charts import chart_dir, render
@@ -386,22 +386,7 @@ async def test_a_gpulease_with_memory_written_with_kubectl_parks_only_what_must_
         services=(*SERVICES, "proxy"),
         lease_manager=lease_manager_settings(kube),
     ) as system:
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "gpu"},
-            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
-        }
-        status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
-        assert status in (200, 201), answer
-        await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
-        await system.put_model(
-            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
-        )
-        for name in ("small", "tuned"):
-            code, _ = await chat(system.url("proxy"), name)
-            assert code == 200
-        assert await running(system) == ["small", "tuned"]
+        await small_and_tuned_side_by_side(system)
 
         def manifest(name: str, memory: str) -> dict[str, Any]:
             return {

@@ -1,4 +1,5 @@
-"""Shared helpers for the proxy benchmarks: start what a bench needs on loopback, run wrk, read RSS.
+"""Shared helpers for the proxy benchmarks: start what a bench needs on loopback, run wrk, read RSS (and, for the
+scheduler's, the models a bench stores in its database).
 
 Everything runs on 127.0.0.1 and is stopped when the bench ends: an embedded NATS (JetStream) in a temp dir, nginx
 (the fixed upstream, and nginx as the reference reverse proxy), the proxy as its own process
@@ -24,20 +25,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from flexinfer_cli.embedded import LOOPBACK, EmbeddedNats, free_port
-from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.messages import Route
+from flexinfer_common.db import ModelRow
+from flexinfer_testbed.routes import make_route, write_route
+from flexinfer_testbed.system import service_environment
 
 NAMESPACE = "default"
+T = TypeVar("T")
 logging.getLogger("flexinfer.bus").setLevel(logging.ERROR)  # the bench's own short NATS connections
 
 #: What the fixed upstream answers to every request: a small, complete chat completion.
@@ -222,15 +227,7 @@ def children(pid: int) -> list[int]:
 def proxy_process(nats_url: str, workdir: Path, **env: str) -> Iterator[ProxyProcess]:
     """``python -m flexinfer_proxy`` on a free loopback port, ready (route snapshot loaded) when yielded."""
     port = free_port()
-    environment = {
-        **os.environ,
-        "FLEXINFER_NATS_URL": nats_url,
-        "FLEXINFER_BIND_HOST": LOOPBACK,
-        "FLEXINFER_PROXY_PORT": str(port),
-        "FLEXINFER_INSTANCE_ID": "proxy-bench",
-        "FLEXINFER_LOG_LEVEL": "WARNING",
-        **env,
-    }
+    environment = {**service_environment(nats_url=nats_url, proxy_port=str(port), instance_id="proxy-bench"), **env}
     log_path = workdir / f"proxy-{port}.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
@@ -275,20 +272,29 @@ async def put_route(nats_url: str, name: str, *, endpoint: str | None) -> None:
     await bus.connect()
     try:
         await bus.ensure_streams()
-        ready = endpoint is not None
-        route = Route(
-            namespace=NAMESPACE,
-            name=name,
-            ready=ready,
-            endpoint=endpoint,
-            phase=ModelPhase.READY if ready else ModelPhase.IDLE,
-            state=SharedState.ACTIVE if ready else SharedState.PARKED,
-            updated_at=datetime.now(UTC),
-        )
-        kv = await bus.routes()
-        await kv.put(subjects.route_key(NAMESPACE, name), route.to_bytes())
+        await write_route(bus, make_route(name, endpoint=endpoint, namespace=NAMESPACE))
     finally:
         await bus.close()
+
+
+async def add_models(
+    sessions: async_sessionmaker[AsyncSession], models: Iterable[tuple[str, str, int, dict[str, object]]]
+) -> None:
+    """Store ``(name, group, priority, manifest)`` models of namespace default, as an apply would, at once."""
+    now = datetime.now(UTC)
+    async with sessions.begin() as session:
+        for name, group, priority, manifest in models:
+            session.add(
+                ModelRow(
+                    namespace=NAMESPACE,
+                    name=name,
+                    manifest=manifest,
+                    group_name=group,
+                    priority=priority,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
 
 
 def until_every_worker_sees(proxy_url: str, name: str, *, checks: int = 20, within: float = 15.0) -> None:
@@ -444,6 +450,17 @@ async def http_client(connections: int) -> AsyncIterator[aiohttp.ClientSession]:
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
         yield http
+
+
+def print_rows_in_parallel(judge: Callable[[T], tuple[str, bool]], items: Iterable[T], *, jobs: int) -> int:
+    """Judge every item in ``jobs`` processes (``judge`` gives a table row and whether the item met its goal); print
+    the rows in order as they come; return how many missed."""
+    missed = 0
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for row, ok in pool.map(judge, items):
+            print(row, flush=True)
+            missed += not ok
+    return missed
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -19,8 +19,9 @@ import argparse
 import importlib.util
 import random
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _common import print_rows_in_parallel
 
 from flexinfer_cli.simulation import Settings, Trace, load_trace, read_trace, simulate
 
@@ -101,11 +102,7 @@ def main() -> int:
     print("504 / worst model's p95 wait / swaps ('!': a goal missed)\n")
     print("| trace | requests | seed | v1alpha1 | flexinfer (default) | offline swaps | goal (at most) |")
     print("|---|---|---|---|---|---|---|")
-    failed = 0
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for row, ok in pool.map(_judge, items):
-            print(row, flush=True)
-            failed += not ok
+    failed = print_rows_in_parallel(_judge, items, jobs=args.jobs)
     print(f"\n{len(items) - failed} of {len(items)} traces meet every goal")
     return 1 if failed else 0
 

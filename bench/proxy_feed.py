@@ -16,19 +16,17 @@ import cProfile
 import pstats
 import sys
 import time
-from datetime import UTC, datetime
 
 import uvloop
 from _common import COMPLETION, NAMESPACE, REQUEST_BODY
 
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.messages import Route
 from flexinfer_common.runner import tune_gc
 from flexinfer_proxy.adapters.http1 import UpstreamConnection
 from flexinfer_proxy.adapters.http_server import ServerConnection
 from flexinfer_proxy.app import Proxy
 from flexinfer_proxy.settings import ProxySettings
+from flexinfer_testbed.routes import make_route
 
 UPSTREAM = "127.0.0.1:9"
 #: What wrk sends (``bench/_common.wrk_script``) and what the nginx upstream answers, byte for byte.
@@ -73,17 +71,7 @@ class FakeTransport:
 def assemble() -> tuple[Proxy, ServerConnection, UpstreamConnection, FakeTransport]:
     settings = ProxySettings(nats_url="nats://127.0.0.1:1")
     proxy = Proxy(settings, Bus(settings.nats_url, name="feed"))
-    proxy.routes.put(
-        Route(
-            namespace=NAMESPACE,
-            name="m1",
-            ready=True,
-            endpoint=f"http://{UPSTREAM}",
-            phase=ModelPhase.READY,
-            state=SharedState.ACTIVE,
-            updated_at=datetime.now(UTC),
-        )
-    )
+    proxy.routes.put(make_route("m1", endpoint=f"http://{UPSTREAM}", namespace=NAMESPACE))
     proxy.watcher.loaded.set()
     proxy.forwarder.start()
     # One pooled keep-alive connection to the model, as ``Http1Client.connect`` and a first answer leave it.

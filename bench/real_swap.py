@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import getpass
 import logging
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -34,11 +31,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.swap_overhead import database, shipped_timings  # noqa: E402
+from bench.swap_overhead import bench_servers, local_system, swap_options, until_answering  # noqa: E402
 from flexinfer_cli.embedded import free_port  # noqa: E402
 from flexinfer_testbed.real_servers import READINESS_PATH, engine_command, install_real_servers, llama_model  # noqa: E402
-from flexinfer_testbed.servers import start_test_servers  # noqa: E402
-from flexinfer_testbed.system import System, running_system  # noqa: E402
+from flexinfer_testbed.system import System  # noqa: E402
 
 GOAL = 0.1
 PROMPT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
@@ -55,14 +51,7 @@ async def cold_start_alone(http: aiohttp.ClientSession, argv: list[str]) -> tupl
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"http://127.0.0.1:{port}{READINESS_PATH}") as response:
-                    if response.status == 200:
-                        break
-            if process.returncode is not None:
-                raise RuntimeError(f"the llama.cpp server exited ({process.returncode}) before it was ready")
-            await asyncio.sleep(0.002)
+        await until_answering(http, f"http://127.0.0.1:{port}{READINESS_PATH}", process)
         ready = time.perf_counter() - started
         # The first completion of a fresh server is not a warm one (its first pass over the weights): the client of a
         # swap waits for exactly this one, so the baseline is spawn to the first completion's last byte.
@@ -90,47 +79,31 @@ async def run(args: argparse.Namespace) -> int:
     servers_ = install_real_servers()
     print(f"== P9 swap to a real llama.cpp server ({args.swaps} swaps; engine found in {servers_.seconds:.1f} s)")
     demand_window = 1.0
-    options = {
-        **shipped_timings(),
-        "shared_demand_window": demand_window,
-        # the holder is idle after the demand window under the seed's policy, after the quiet period under
-        # FlexInfer's default (10 s): both 1 s here, so what is timed is the swap itself, not the policy's wait
-        # for the holder to go quiet (that wait is the simulator's business: bench/policy_comparison.py)
-        "quiet_yield": demand_window,
-        "local_commands": (str(servers_.server),),
-        "local_run_as": getpass.getuser(),  # the engine lives in this user's cache
-    }
+    # the engine lives in this user's cache (swap_options runs the model servers as this user)
+    options = swap_options(demand_window, local_commands=(str(servers_.server),))
     alone_argv = engine_command(servers_, "m")
     colds, alones, firsts, phases, totals = [], [], [], [], []
-    with tempfile.TemporaryDirectory(prefix="flexinfer-bench-") as tmp:
-        work = Path(tmp)
-        test_servers = start_test_servers(work / "servers", use_docker=False)
-        try:
-            async with (
-                database(test_servers) as url,
-                running_system(
-                    database_url=url, nats_url=test_servers.nats_url, state_dir=work / "local", **options
-                ) as system,
-                aiohttp.ClientSession() as http,
-            ):
-                assert system.http is not None
-                for name in ("a", "b"):
-                    await system.put_model(llama_model(servers_, name, group="bench-cpu", priority=10))
-                await timed_chat(system, "a")  # a holds the group
-                for index in range(args.swaps):
-                    cold, alone = await cold_start_alone(http, alone_argv)
-                    colds.append(cold)
-                    alones.append(alone)
-                    await asyncio.sleep(demand_window + 0.3)  # a is idle (demand window, quiet period): b may take over
-                    model = "b" if index % 2 == 0 else "a"
-                    took, was_cold = await timed_chat(system, model)
-                    assert was_cold, "the request did not swap"
-                    firsts.append(took)
-                    listed = (await system.get("scheduler", "/api/v1/swaps"))["items"]
-                    phases.append(listed[0]["phases"])
-                    totals.append(_seconds(listed[0]["finishedAt"]) - _seconds(listed[0]["startedAt"]))
-        finally:
-            test_servers.close()
+    with bench_servers() as (work, test_servers):
+        async with (
+            local_system(test_servers, work / "local", **options) as system,
+            aiohttp.ClientSession() as http,
+        ):
+            assert system.http is not None
+            for name in ("a", "b"):
+                await system.put_model(llama_model(servers_, name, group="bench-cpu", priority=10))
+            await timed_chat(system, "a")  # a holds the group
+            for index in range(args.swaps):
+                cold, alone = await cold_start_alone(http, alone_argv)
+                colds.append(cold)
+                alones.append(alone)
+                await asyncio.sleep(demand_window + 0.3)  # a is idle (demand window, quiet period): b may take over
+                model = "b" if index % 2 == 0 else "a"
+                took, was_cold = await timed_chat(system, model)
+                assert was_cold, "the request did not swap"
+                firsts.append(took)
+                listed = (await system.get("scheduler", "/api/v1/swaps"))["items"]
+                phases.append(listed[0]["phases"])
+                totals.append(_seconds(listed[0]["finishedAt"]) - _seconds(listed[0]["startedAt"]))
 
     overheads = [first - alone for first, alone in zip(firsts, alones, strict=True)]
     median = statistics.median(overheads)

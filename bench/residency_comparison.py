@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _common import print_rows_in_parallel
 
 from flexinfer_cli.simulation import POLICIES, Settings, Trace, load_trace, simulate
 
@@ -57,11 +58,7 @@ def main() -> int:
     print(f"policy {args.policy}: swaps / 504 / worst model's p95 wait\n")
     print("| trace | requests | capacity | one at a time | side by side | swaps saved | peak on a device |")
     print("|---|---|---|---|---|---|---|")
-    over = 0
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for row, ok in pool.map(compare, items):
-            print(row, flush=True)
-            over += not ok
+    over = print_rows_in_parallel(compare, items, jobs=args.jobs)
     if over:
         print(f"\n{over} trace(s) held more memory on a device than the capacity")
     return 1 if over else 0

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import aiohttp
 import nats
+from _common import add_models
 
 from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
-from flexinfer_common.db import ModelRow, create_engine, ensure_database_exists, session_factory, upgrade_database
+from flexinfer_common.db import create_engine, ensure_database_exists, session_factory, upgrade_database
 from flexinfer_common.messages import Demand, RuntimeStatus
 from flexinfer_common.subjects import demand_subject, runtime_status_subject
 
@@ -43,22 +44,8 @@ async def seed(url: str, groups: int, per_group: int) -> None:
     await ensure_database_exists(url)
     await upgrade_database(url)
     engine = create_engine(url)
-    now = datetime.now(UTC)
-    async with session_factory(engine).begin() as session:
-        for g in range(groups):
-            for i in range(per_group):
-                name = f"m{g}-{i}"
-                session.add(
-                    ModelRow(
-                        namespace="default",
-                        name=name,
-                        manifest=manifest(name, f"g{g}"),
-                        group_name=f"g{g}",
-                        priority=10,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
+    names = [(f"m{g}-{i}", f"g{g}") for g in range(groups) for i in range(per_group)]
+    await add_models(session_factory(engine), ((name, group, 10, manifest(name, group)) for name, group in names))
     await engine.dispose()
 
 

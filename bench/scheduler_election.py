@@ -23,6 +23,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from _common import add_models
+
 from flexinfer_cli.embedded import EmbeddedNats, EmbeddedPostgres
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
@@ -118,21 +120,10 @@ async def full(groups: int, tmp: Path, *, capacity: bool) -> dict[str, float]:
         engine = create_engine(url)
         sessions = session_factory(engine)
         now = datetime.now(UTC)
-        async with sessions.begin() as session:
-            for g in range(groups):
-                for i in range(PER_GROUP):
-                    name = f"m{g}-{i}"
-                    session.add(
-                        ModelRow(
-                            namespace="default",
-                            name=name,
-                            manifest=manifest(name, f"g{g}", i % 3, capacity=capacity),
-                            group_name=f"g{g}",
-                            priority=i % 3,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                    )
+        members = [(f"m{g}-{i}", f"g{g}", i % 3) for g in range(groups) for i in range(PER_GROUP)]
+        await add_models(
+            sessions, ((name, group, p, manifest(name, group, p, capacity=capacity)) for name, group, p in members)
+        )
         bus = Bus(nats_url, name="bench")
         await bus.connect()
         await bus.ensure_streams()

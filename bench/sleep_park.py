@@ -19,7 +19,6 @@ import asyncio
 import logging
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from swap_overhead import database, reset_streams, shipped_timings, timed_chat  # noqa: E402
+from swap_overhead import bench_servers, database, reset_streams, shipped_timings, timed_chat  # noqa: E402
 
 from flexinfer_testbed.kube import NodeConfig, running_cluster  # noqa: E402
 from flexinfer_testbed.kube_models import create, model_deployment, model_resource  # noqa: E402
-from flexinfer_testbed.servers import start_test_servers  # noqa: E402
 from flexinfer_testbed.system import System, fake_model, running_system  # noqa: E402
 
 GOAL = 0.1
@@ -83,19 +81,14 @@ async def run(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.ERROR)
     print(f"== P7 sleep-park swap / scale-to-zero swap ({args.swaps} swaps each; startup delay {args.startup_delay}s)")
     results: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory(prefix="flexinfer-bench-") as tmp:
-        work = Path(tmp)
-        servers = start_test_servers(work / "servers", use_docker=False)
-        try:
-            for mode, runner in (("local", local), ("kubernetes", kubernetes)):
-                for strategy in ("ScaleToZero", "Sleep"):
-                    async with database(servers) as url:
-                        results[(mode, strategy)] = await runner(
-                            url, servers.nats_url, work / f"{mode}-{strategy}", strategy, args
-                        )
-                    await reset_streams(servers.nats_url)
-        finally:
-            servers.close()
+    with bench_servers() as (work, servers):
+        for mode, runner in (("local", local), ("kubernetes", kubernetes)):
+            for strategy in ("ScaleToZero", "Sleep"):
+                async with database(servers) as url:
+                    results[(mode, strategy)] = await runner(
+                        url, servers.nats_url, work / f"{mode}-{strategy}", strategy, args
+                    )
+                await reset_streams(servers.nats_url)
     print(f"{'mode':<12}{'scale-to-zero p50':>20}{'sleep p50':>12}{'ratio':>8}{'goal':>7}")
     for mode in ("local", "kubernetes"):
         stop = statistics.median(results[(mode, "ScaleToZero")])

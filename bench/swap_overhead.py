@@ -27,8 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from flexinfer_cli.embedded import free_port  # noqa: E402
 from flexinfer_common.settings import CommonSettings  # noqa: E402
 from flexinfer_testbed.kube import running_cluster  # noqa: E402
 from flexinfer_testbed.kube_models import add_model  # noqa: E402
-from flexinfer_testbed.servers import create_test_database, drop_test_database, start_test_servers  # noqa: E402
+from flexinfer_testbed.servers import TestServers, fresh_database, start_test_servers  # noqa: E402
 from flexinfer_testbed.system import TIMINGS, System, fake_model, running_system  # noqa: E402
 
 GOALS = {"local": 0.1, "kubernetes": 0.3}
@@ -61,6 +60,19 @@ def shipped_timings() -> dict[str, Any]:
     for name in ("command_retry", "restart_backoff"):
         out[name] = SchedulerSettings.model_fields[name].get_default()
     return out
+
+
+async def until_answering(http: aiohttp.ClientSession, url: str, process: asyncio.subprocess.Process) -> None:
+    """Until ``url`` answers 200, probed every 2 ms (a server's own spawn-to-ready, as closely as a client sees it);
+    fails when ``process``, the server, exits first."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(url) as response:
+                if response.status == 200:
+                    return
+        if process.returncode is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}) before {url} answered")
+        await asyncio.sleep(0.002)
 
 
 @dataclass
@@ -89,12 +101,7 @@ async def measure_baseline(startup_delay: float, rounds: int = 5) -> Baseline:
                 "warning",
             )
             try:
-                while True:
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with http.get(f"http://127.0.0.1:{port}/health") as response:
-                            if response.status == 200:
-                                break
-                    await asyncio.sleep(0.002)
+                await until_answering(http, f"http://127.0.0.1:{port}/health", process)
                 spawns.append(time.perf_counter() - started)
                 for _ in range(5):
                     t0 = time.perf_counter()
@@ -145,33 +152,52 @@ async def swaps(system: System, count: int, demand_window: float) -> list[Swap]:
     return out
 
 
-@contextlib.asynccontextmanager
-async def database(servers: Any) -> AsyncIterator[str]:
-    from flexinfer_common.db import upgrade_database
+@contextlib.contextmanager
+def bench_servers() -> Iterator[tuple[Path, TestServers]]:
+    """A scratch folder, and NATS + PostgreSQL started in it (embedded: a bench times this machine, not Docker's)."""
+    with tempfile.TemporaryDirectory(prefix="flexinfer-bench-") as tmp:
+        work = Path(tmp)
+        servers = start_test_servers(work / "servers", use_docker=False)
+        try:
+            yield work, servers
+        finally:
+            servers.close()
 
-    name = f"flexinfer_bench_{uuid.uuid4().hex[:10]}"
-    url = await create_test_database(servers.database_url, name)
-    await upgrade_database(url)
-    try:
-        yield url
-    finally:
-        await drop_test_database(servers.database_url, name)
+
+def database(servers: TestServers) -> contextlib.AbstractAsyncContextManager[str]:
+    """A fresh database with the migrations applied (dropped afterwards)."""
+    return fresh_database(servers, prefix="flexinfer_bench")
+
+
+@contextlib.asynccontextmanager
+async def local_system(servers: TestServers, state_dir: Path, **options: Any) -> AsyncIterator[System]:
+    """The whole system in local mode on a fresh database of ``servers``."""
+    async with (
+        database(servers) as url,
+        running_system(database_url=url, nats_url=servers.nats_url, state_dir=state_dir, **options) as system,
+    ):
+        yield system
+
+
+def swap_options(demand_window: float, **extra: Any) -> dict[str, Any]:
+    """The shipped timings, but a holder counts as idle after ``demand_window`` under either policy: the seed's (the
+    demand window) and FlexInfer's default (the quiet period, 10 s shipped). So what is timed is the swap itself, not
+    the policy's wait for the holder to go quiet (that wait is the simulator's business: bench/policy_comparison.py).
+    The model servers run as this user (their executable is in this checkout's .venv or this user's cache, which
+    `nobody`, the default FLEXINFER_LOCAL_RUN_AS, may not be able to reach)."""
+    return {
+        **shipped_timings(),
+        "shared_demand_window": demand_window,
+        "quiet_yield": demand_window,
+        "local_run_as": getpass.getuser(),
+        **extra,
+    }
 
 
 async def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.ERROR)
-    timings = shipped_timings()
     demand_window = 1.0
-    # the holder is idle after the demand window (the seed's policy) or the quiet period (FlexInfer's default, 10 s):
-    # both 1 s here, so what is timed is the swap's orchestration, not the policy's wait for a quiet holder
-    # and the fake model runs as this user (its executable is in this checkout's .venv, which `nobody`, the default
-    # FLEXINFER_LOCAL_RUN_AS, may not be able to reach)
-    options = {
-        **timings,
-        "shared_demand_window": demand_window,
-        "quiet_yield": demand_window,
-        "local_run_as": getpass.getuser(),
-    }
+    options = swap_options(demand_window)
     print(f"== P3 swap orchestration overhead ({args.swaps} swaps per mode; startup delay {args.startup_delay}s)")
     baseline = await measure_baseline(args.startup_delay)
     print(
@@ -179,44 +205,32 @@ async def run(args: argparse.Namespace) -> int:
         f"inference {baseline.inference * 1000:.1f} ms"
     )
     results: dict[str, list[Swap]] = {}
-    with tempfile.TemporaryDirectory(prefix="flexinfer-bench-") as tmp:
-        work = Path(tmp)
-        servers = start_test_servers(work / "servers", use_docker=False)
-        try:
-            async with (
-                database(servers) as url,
-                running_system(
-                    database_url=url, nats_url=servers.nats_url, state_dir=work / "local", **options
-                ) as system,
-            ):
-                for name in ("a", "b"):
-                    model = fake_model(name, priority=10, startup_delay=args.startup_delay)
-                    model["spec"]["gpu"]["swapCooldown"] = "0s"
-                    await system.put_model(model)
-                results["local"] = await swaps(system, args.swaps, demand_window)
-            await reset_streams(servers.nats_url)
-            async with (
-                database(servers) as url,
-                running_cluster(work / "kube") as kube,
-            ):
-                for name in ("a", "b"):
-                    await add_model(
-                        kube, name, priority=10, startup_delay=args.startup_delay, gpu={"swapCooldown": "0s"}
-                    )
-                async with running_system(
-                    database_url=url,
-                    nats_url=servers.nats_url,
-                    state_dir=work / "kubernetes",
-                    kubeconfig=kube.kubeconfig,
-                    **options,
-                ) as system:
-                    for _ in range(200):  # the Models reach the scheduler through the actuator's watch
-                        if len((await system.get("scheduler", "/api/v1/models"))["items"]) == 2:
-                            break
-                        await asyncio.sleep(0.05)
-                    results["kubernetes"] = await swaps(system, args.swaps, demand_window)
-        finally:
-            servers.close()
+    with bench_servers() as (work, servers):
+        async with local_system(servers, work / "local", **options) as system:
+            for name in ("a", "b"):
+                model = fake_model(name, priority=10, startup_delay=args.startup_delay)
+                model["spec"]["gpu"]["swapCooldown"] = "0s"
+                await system.put_model(model)
+            results["local"] = await swaps(system, args.swaps, demand_window)
+        await reset_streams(servers.nats_url)
+        async with (
+            database(servers) as url,
+            running_cluster(work / "kube") as kube,
+        ):
+            for name in ("a", "b"):
+                await add_model(kube, name, priority=10, startup_delay=args.startup_delay, gpu={"swapCooldown": "0s"})
+            async with running_system(
+                database_url=url,
+                nats_url=servers.nats_url,
+                state_dir=work / "kubernetes",
+                kubeconfig=kube.kubeconfig,
+                **options,
+            ) as system:
+                for _ in range(200):  # the Models reach the scheduler through the actuator's watch
+                    if len((await system.get("scheduler", "/api/v1/models"))["items"]) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                results["kubernetes"] = await swaps(system, args.swaps, demand_window)
 
     ok = True
     print(f"{'mode':<12}{'first response p50':>20}{'overhead p50':>15}{'min':>8}{'max':>8}{'goal':>8}")

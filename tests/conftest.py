@@ -7,11 +7,9 @@ Each test gets a fresh database with migrations applied and a NATS server with n
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -20,12 +18,11 @@ import pytest
 
 from flexinfer_testbed.servers import (
     TestServers,
-    create_test_database,
-    drop_test_database,
+    fresh_database,
     reset_nats,
     start_test_servers,
 )
-from tests.support.kube_fixtures import kube  # noqa: F401  (the emulated Kubernetes cluster fixture)
+from tests.support.kube_fixtures import kube, kube_system  # noqa: F401  (the emulated Kubernetes cluster fixtures)
 from tests.support.run_as import suite_run_as
 
 _OWN_BASETEMP: list[Path] = []
@@ -124,20 +121,6 @@ def nats_url(servers: TestServers) -> str:
 async def clean_nats(nats_url: str) -> str:
     await reset_nats(nats_url)
     return nats_url
-
-
-@contextlib.asynccontextmanager
-async def fresh_database(servers: TestServers) -> AsyncIterator[str]:
-    """A new database with the migrations applied, dropped afterwards."""
-    from flexinfer_common.db import upgrade_database
-
-    name = f"flexinfer_test_{uuid.uuid4().hex[:12]}"
-    url = await create_test_database(servers.database_url, name)
-    await upgrade_database(url)
-    try:
-        yield url
-    finally:
-        await drop_test_database(servers.database_url, name)
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from tests.support.up import BIN, up_environment
+from tests.support.up import exported_nats_url, start_up, stop_up, until_up, up_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -207,25 +207,11 @@ def flexinfer_up(tmp_path: Path) -> Iterator[Chaos]:
         **LIVENESS,
     )
     log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(BIN / "flexinfer"), "up", "-f", str(manifest)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_up(manifest, env, log)
     chaos = Chaos(process, log, env, token="", proxy_b_log=tmp_path / "proxy-b.log")
     try:
-        deadline = time.monotonic() + 120
-        while "FlexInfer is up." not in log.read_text(errors="replace"):
-            assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "flexinfer up did not start"
-            time.sleep(0.1)
-        for line in log.read_text().splitlines():
-            if "export FLEXINFER_NATS_URL=" in line:
-                env["FLEXINFER_NATS_URL"] = line.split("=", 1)[1].strip()
-        env.setdefault("FLEXINFER_NATS_URL", "nats://127.0.0.1:4222")
+        until_up(process, log)
+        env["FLEXINFER_NATS_URL"] = exported_nats_url(log) or "nats://127.0.0.1:4222"
         chaos.token = (tmp_path / "state" / "admin-token").read_text().strip()
         chaos.start_proxy_b()
         yield chaos
@@ -234,13 +220,7 @@ def flexinfer_up(tmp_path: Path) -> Iterator[Chaos]:
             chaos.proxy_b.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 chaos.proxy_b.wait(timeout=20)
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process, within=60)
 
 
 # -- the invariant, from the actuator's ordered report log -------------------------------------------------------

@@ -4,7 +4,6 @@ actuator, fake models), then curl-like HTTP requests and the `flexinfer` CLI, th
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.up import up_environment
+from tests.support.up import exported_nats_url, start_up, stop_up, until_up, up_environment, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -52,19 +51,6 @@ class Up:
         return httpx.post(self.url("proxy") + "/v1/chat/completions", json=body, timeout=timeout)
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     env = up_environment(
@@ -74,40 +60,17 @@ def up(tmp_path: Path) -> Iterator[Up]:
         FLEXINFER_SHARED_DEMAND_WINDOW="3s",
     )
     log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(BIN / "flexinfer"),
-                "up",
-                "-f",
-                str(ROOT / "examples" / "homelab.yaml"),
-                "--state-dir",
-                str(tmp_path / "state"),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_up(ROOT / "examples" / "homelab.yaml", env, log, "--state-dir", str(tmp_path / "state"))
     handle = Up(process, env, log)
     try:
         # `up` prints its banner once every service is ready and the example is applied
-        wait_until(lambda: "Watch the models" in log.read_text() or process.poll() is not None, 120, "the banner")
-        assert process.poll() is None, log.read_text()[-3000:]
+        until_up(process, log)
         # `up` prints the NATS URL to export; the CLI's `demand` needs it
-        text = log.read_text()
-        for line in text.splitlines():
-            if "export FLEXINFER_NATS_URL=" in line:
-                env["FLEXINFER_NATS_URL"] = line.split("=", 1)[1].strip()
+        if nats_url := exported_nats_url(log):
+            env["FLEXINFER_NATS_URL"] = nats_url
         yield handle
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process)
 
 
 def models(up: Up) -> dict[str, dict[str, Any]]:

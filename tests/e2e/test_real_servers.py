@@ -37,7 +37,8 @@ from flexinfer_testbed.real_servers import (
     install_real_servers,
     llama_model,
 )
-from tests.support.up import up_environment
+from tests.support import up as up_support
+from tests.support.up import start_up, stop_up, until_up, up_environment
 
 # The first test of the module pays for the installer: on a fresh machine, a build of minutes. Every wait inside a
 # test has its own, much shorter, deadline.
@@ -89,16 +90,9 @@ class Up:
 
 
 def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (httpx.HTTPError, subprocess.CalledProcessError, KeyError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    """``up.wait_until``, counting a CLI that failed or printed no model yet as not yet too."""
+    not_yet = (httpx.HTTPError, subprocess.CalledProcessError, KeyError, ValueError)
+    return up_support.wait_until(predicate, timeout, what, ignoring=not_yet)
 
 
 @pytest.fixture(scope="module")
@@ -140,28 +134,14 @@ def up(real: RealServers, tmp_path_factory: pytest.TempPathFactory, request: pyt
         FLEXINFER_LOAD_TIMEOUT="60s",
     )
     log = work / "up.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(BIN / "flexinfer"), "up", "-f", str(manifests), "--state-dir", str(state)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_up(manifests, env, log, "--state-dir", str(state))
     sampler = ProcessSampler(process.pid, frozenset({CHAT, EMBED})).start()
     handle = Up(process, env, log, sampler, request.config.stash.setdefault(FIGURES, []))
     try:
-        wait_until(lambda: "Watch the models" in log.read_text() or process.poll() is not None, 120, "the banner")
-        assert process.poll() is None, log.read_text()[-3000:]
+        until_up(process, log)
         yield handle
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_up(process)
         sampler.stop()
 
 

@@ -8,38 +8,21 @@ from __future__ import annotations
 import pytest
 
 from flexinfer_actuator.metrics import ACTUATOR_COMMANDS
-from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.clock import utcnow
 from flexinfer_common.enums import RuntimePhase, ScaleAction
-from flexinfer_common.messages import RuntimeSpec, ScaleCommand
 from flexinfer_scheduler.adapters.bus import AdvisoryLock
 from tests.integration.test_actuator_local import (  # noqa: F401  (fixtures)
-    NAMESPACE,
     StartActuator,
     StatusLog,
     debug_logs,
-    fake_model,
     process_alive,
+    send,
     start_actuator,
     statuses,
 )
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-async def send(bus: Bus, model: str, action: ScaleAction, generation: int, *, epoch: int) -> None:
-    message = ScaleCommand(
-        namespace=NAMESPACE,
-        model=model,
-        action=action,
-        generation=generation,
-        leader_epoch=epoch,
-        runtime=RuntimeSpec(namespace=NAMESPACE, name=model, command=fake_model(model)),
-        issued_at=utcnow(),
-    )
-    await bus.publish(subjects.command_subject(NAMESPACE, model), message)
 
 
 async def test_the_actuator_obeys_only_the_current_leader(

@@ -31,6 +31,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock, utcnow
 from flexinfer_common.enums import ParkStrategy, RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello, RuntimeSpec, RuntimeStatus, ScaleCommand
+from flexinfer_testbed.system import fake_model_command
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -58,21 +59,9 @@ TINY_SERVER = textwrap.dedent(
 
 
 def fake_model(name: str, *extra: str, startup_delay: float = 0.0) -> list[str]:
-    """The argv of the fake OpenAI-compatible model server (tools/fake-model)."""
-    return [
-        sys.executable,
-        "-m",
-        "flexinfer_fake_model.server",
-        "--port",
-        "{port}",
-        "--model",
-        name,
-        "--startup-delay",
-        str(startup_delay),
-        "--wake-delay",
-        "0.1",
-        *extra,
-    ]
+    """The argv of the fake OpenAI-compatible model server (tools/fake-model), run by this interpreter."""
+    program = (sys.executable, "-m", "flexinfer_fake_model.server")
+    return fake_model_command(name, "--wake-delay", "0.1", *extra, startup_delay=startup_delay, program=program)
 
 
 def tiny_server(*, ignore_sigterm: bool = False) -> list[str]:
@@ -139,8 +128,10 @@ async def send(
     *,
     command: list[str] | None = None,
     park_strategy: ParkStrategy = ParkStrategy.SCALE_TO_ZERO,
+    epoch: int = 0,
     **runtime: Any,
 ) -> None:
+    """Publish the scheduler's command (its leader's ``epoch``: 0, a scheduler without fencing) for ``model``."""
     spec = RuntimeSpec(
         namespace=NAMESPACE,
         name=model,
@@ -153,10 +144,17 @@ async def send(
         model=model,
         action=action,
         generation=generation,
+        leader_epoch=epoch,
         runtime=spec,
         issued_at=utcnow(),
     )
     await bus.publish(subjects.command_subject(NAMESPACE, model), message)
+
+
+async def activated(bus: Bus, statuses: StatusLog, model: str, generation: int, **options: Any) -> RuntimeStatus:
+    """Send ACTIVATE for ``model`` (``send``'s ``options``) and return its Ready status of that ``generation``."""
+    await send(bus, model, ScaleAction.ACTIVATE, generation, **options)
+    return await statuses.wait_for(model, RuntimePhase.READY, generation=generation)
 
 
 StartActuator = Callable[..., Awaitable[Actuator]]
@@ -232,8 +230,7 @@ async def test_activate_reports_loading_then_ready_with_an_endpoint_that_answers
     await wait_for(lambda: len(hellos) == 1, what="hello")
     assert (hellos[0].actuator, hellos[0].backend) == ("test-actuator", "local")
 
-    await send(bus, "alpha", ScaleAction.ACTIVATE, 1, command=fake_model("alpha", startup_delay=0.3))
-    ready = await statuses.wait_for("alpha", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "alpha", 1, command=fake_model("alpha", startup_delay=0.3))
 
     assert statuses.sequence("alpha") == [(RuntimePhase.LOADING, 1), (RuntimePhase.READY, 1)]
     assert ready.endpoint is not None and ready.endpoint.startswith("http://127.0.0.1:")
@@ -251,8 +248,7 @@ async def test_park_reports_stopping_then_parked_and_the_process_is_gone(
     bus: Bus, statuses: StatusLog, start_actuator: StartActuator
 ) -> None:
     actuator = await start_actuator()
-    await send(bus, "bravo", ScaleAction.ACTIVATE, 1)
-    ready = await statuses.wait_for("bravo", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "bravo", 1)
     assert ready.pid is not None and process_alive(ready.pid)
 
     await send(bus, "bravo", ScaleAction.PARK, 2)
@@ -273,8 +269,7 @@ async def test_stale_generation_is_ignored_and_a_repeated_one_re_reports(
     bus: Bus, statuses: StatusLog, start_actuator: StartActuator
 ) -> None:
     actuator = await start_actuator()
-    await send(bus, "charlie", ScaleAction.ACTIVATE, 5)
-    ready = await statuses.wait_for("charlie", RuntimePhase.READY, generation=5)
+    ready = await activated(bus, statuses, "charlie", 5)
 
     await send(bus, "charlie", ScaleAction.PARK, 4)  # stale: must not stop the model
     await send(bus, "charlie", ScaleAction.ACTIVATE, 3)  # stale
@@ -406,8 +401,7 @@ async def test_unexpected_death_while_ready_reports_failed(
     bus: Bus, statuses: StatusLog, start_actuator: StartActuator
 ) -> None:
     actuator = await start_actuator()
-    await send(bus, "golf", ScaleAction.ACTIVATE, 1)
-    ready = await statuses.wait_for("golf", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "golf", 1)
     assert ready.pid is not None
 
     os.kill(ready.pid, signal.SIGKILL)
@@ -425,8 +419,7 @@ async def test_sleep_park_keeps_the_process_and_activate_wakes_it(
 ) -> None:
     actuator = await start_actuator()
     sleep = ParkStrategy.SLEEP
-    await send(bus, "hotel", ScaleAction.ACTIVATE, 1, park_strategy=sleep)
-    ready = await statuses.wait_for("hotel", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "hotel", 1, park_strategy=sleep)
     assert ready.endpoint is not None
 
     await send(bus, "hotel", ScaleAction.PARK, 2, park_strategy=sleep)
@@ -436,8 +429,7 @@ async def test_sleep_park_keeps_the_process_and_activate_wakes_it(
     assert (await get_json(ready.endpoint + "/is_sleeping")) == {"is_sleeping": True}
     assert [(row.pid, row.phase) for row in actuator.scaler.snapshot()] == [(ready.pid, ProcessPhase.SLEEPING)]
 
-    await send(bus, "hotel", ScaleAction.ACTIVATE, 3, park_strategy=sleep)
-    woken = await statuses.wait_for("hotel", RuntimePhase.READY, generation=3)
+    woken = await activated(bus, statuses, "hotel", 3, park_strategy=sleep)
     assert statuses.sequence("hotel")[4:] == [(RuntimePhase.LOADING, 3), (RuntimePhase.READY, 3)]
     assert woken.pid == ready.pid and woken.endpoint == ready.endpoint
     assert (await get_json(ready.endpoint + "/is_sleeping")) == {"is_sleeping": False}
@@ -448,16 +440,14 @@ async def test_activate_after_a_sleeping_process_died_starts_afresh(
 ) -> None:
     await start_actuator()
     sleep = ParkStrategy.SLEEP
-    await send(bus, "india", ScaleAction.ACTIVATE, 1, park_strategy=sleep)
-    ready = await statuses.wait_for("india", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "india", 1, park_strategy=sleep)
     await send(bus, "india", ScaleAction.PARK, 2, park_strategy=sleep)
     await statuses.wait_for("india", RuntimePhase.PARKED, generation=2)
     assert ready.pid is not None
     os.kill(ready.pid, signal.SIGKILL)
     await wait_for(lambda: not process_alive(ready.pid or 0), what="the sleeping process to die")
 
-    await send(bus, "india", ScaleAction.ACTIVATE, 3, park_strategy=sleep)
-    woken = await statuses.wait_for("india", RuntimePhase.READY, generation=3)
+    woken = await activated(bus, statuses, "india", 3, park_strategy=sleep)
     assert woken.pid != ready.pid
     assert all(s.phase is not RuntimePhase.FAILED for s in statuses.of("india"))
 
@@ -466,8 +456,7 @@ async def test_a_slow_park_does_not_hold_up_another_model_and_sigkill_follows_th
     bus: Bus, statuses: StatusLog, start_actuator: StartActuator
 ) -> None:
     await start_actuator(grace=1.5)
-    await send(bus, "juliet", ScaleAction.ACTIVATE, 1, command=tiny_server(ignore_sigterm=True))
-    stubborn = await statuses.wait_for("juliet", RuntimePhase.READY, generation=1)
+    stubborn = await activated(bus, statuses, "juliet", 1, command=tiny_server(ignore_sigterm=True))
 
     await send(bus, "juliet", ScaleAction.PARK, 2)
     await send(bus, "kilo", ScaleAction.ACTIVATE, 1, command=tiny_server())
@@ -532,8 +521,7 @@ async def test_a_crash_after_ready_reports_the_signal_and_the_log(
 ) -> None:
     """The issue's SIGILL build: the reason is in the status the scheduler shows, not only in the actuator's log."""
     await start_actuator()
-    await send(bus, "quebec", ScaleAction.ACTIVATE, 1, command=fake_model("quebec"))
-    ready = await statuses.wait_for("quebec", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "quebec", 1, command=fake_model("quebec"))
     assert ready.pid is not None
 
     os.kill(ready.pid, signal.SIGILL)
@@ -572,8 +560,7 @@ async def test_the_model_environment_is_an_allow_list_and_the_log_is_private(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-models")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     await start_actuator()
-    await send(bus, "sierra", ScaleAction.ACTIVATE, 1, env={"FAKE_MODEL_TOKEN_DELAY": "0"})
-    ready = await statuses.wait_for("sierra", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "sierra", 1, env={"FAKE_MODEL_TOKEN_DELAY": "0"})
 
     environ = proc_environ(ready.pid or 0)
     assert "FLEXINFER_ADMIN_TOKEN" not in environ and "AWS_SECRET_ACCESS_KEY" not in environ
@@ -639,8 +626,7 @@ async def test_a_model_process_runs_as_nobody_and_cannot_read_the_admin_token(
     nobody = pwd.getpwnam("nobody")
 
     await start_actuator(local_commands=(SYSTEM_PYTHON,), run_as="nobody")
-    await send(bus, "tango", ScaleAction.ACTIVATE, 1, command=[SYSTEM_PYTHON, "-c", AS_NOBODY, "{port}", str(token)])
-    ready = await statuses.wait_for("tango", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "tango", 1, command=[SYSTEM_PYTHON, "-c", AS_NOBODY, "{port}", str(token)])
 
     assert set(proc_uids(ready.pid or 0)) == {nobody.pw_uid}  # real, effective, saved and filesystem uid
     workdir = _check_what_nobody_logged(state / "logs" / "default_tango.log", nobody)
@@ -691,8 +677,7 @@ async def test_a_llama_cpp_preset_runs_the_engine_named_in_settings(
     weights.write_bytes(b"GGUF")
     # Nothing on the command allow-list: the preset's engine is allowed by being named in FLEXINFER_LOCAL_ENGINES.
     await start_actuator(local_commands=(), local_engines={"llama-cpp": str(engine)})
-    await send(bus, "victor", ScaleAction.ACTIVATE, 1, command=[], backend="llama-cpp", source=str(weights))
-    ready = await statuses.wait_for("victor", RuntimePhase.READY, generation=1)
+    ready = await activated(bus, statuses, "victor", 1, command=[], backend="llama-cpp", source=str(weights))
 
     assert ready.endpoint is not None
     port = ready.endpoint.rsplit(":", 1)[1]

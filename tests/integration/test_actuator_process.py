@@ -20,10 +20,13 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello
 from flexinfer_common.tcp import free_port
+from tests.integration import test_actuator_local as local
 from tests.integration.test_actuator_local import StatusLog, process_alive, send
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+statuses = local.statuses  # the fixture: every RuntimeStatus published
 
 INSTANCE = "actuator-under-test"
 TOKEN = "t0ken"
@@ -38,14 +41,6 @@ class RunningActuator:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
-
-
-@pytest.fixture
-async def statuses(bus: Bus) -> AsyncIterator[StatusLog]:
-    log = StatusLog()
-    sub = await bus.nc.subscribe(subjects.RUNTIME_STATUS_PREFIX + ".>", cb=log.on_message)
-    yield log
-    await sub.unsubscribe()
 
 
 @pytest.fixture

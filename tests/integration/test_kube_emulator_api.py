@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -304,15 +304,20 @@ async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
     kube.emulator.bookmark_interval = 0.1
     core = client.CoreV1Api(kube.api_client())
     listed = await in_thread(core.list_namespaced_config_map, NS)
+
+    def watch_for_a_second(**options: Any) -> Awaitable[list[dict[str, Any]]]:
+        """The ConfigMaps' events after the list, for the watch's own ``timeoutSeconds`` of 1 s."""
+        return in_thread(
+            watch_events,
+            core.list_namespaced_config_map,
+            NS,
+            timeout_seconds=1,
+            resource_version=listed.metadata.resource_version,
+            **options,
+        )
+
     started = time.monotonic()
-    events = await in_thread(
-        watch_events,
-        core.list_namespaced_config_map,
-        NS,
-        timeout_seconds=1,
-        resource_version=listed.metadata.resource_version,
-        allow_watch_bookmarks=True,
-    )
+    events = await watch_for_a_second(allow_watch_bookmarks=True)
     elapsed = time.monotonic() - started
     assert 1.0 <= elapsed < 5.0
     assert events and {e["type"] for e in events} == {"BOOKMARK"}
@@ -321,13 +326,7 @@ async def test_bookmarks_and_timeout_seconds(kube: KubeCluster) -> None:
         "apiVersion": "v1",
         "metadata": {"resourceVersion": listed.metadata.resource_version},
     }
-    without = await in_thread(
-        watch_events,
-        core.list_namespaced_config_map,
-        NS,
-        timeout_seconds=1,
-        resource_version=listed.metadata.resource_version,
-    )
+    without = await watch_for_a_second()
     assert without == []
 
 

@@ -13,19 +13,15 @@ from typing import Any
 import pytest
 
 from flexinfer_testbed.kube import KubeCluster, Reason
+from flexinfer_testbed.kube.builders import service
 from flexinfer_testbed.kube.store import PatchType
-from flexinfer_testbed.kube_models import PodsRecorder, add_model, create, known, model_deployment, model_resource
-from flexinfer_testbed.system import System, running_system
+from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
+from flexinfer_testbed.system import System
+from tests.integration.test_swap import chat
+from tests.support.kube_fixtures import KubeSystem, pair_on_one_gpu
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
-
-
-async def chat(system: System, model: str, text: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-    assert system.http is not None
-    body = {"model": model, "messages": [{"role": "user", "content": text}]}
-    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
-        return resp.status, await resp.json(), dict(resp.headers)
 
 
 def status_of(kube: KubeCluster, name: str) -> dict[str, Any]:
@@ -40,45 +36,32 @@ def condition(kube: KubeCluster, name: str, kind: str) -> str | None:
     return None
 
 
-async def test_a_request_for_the_parked_model_swaps_the_deployments(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    recorder = PodsRecorder(kube, {"a", "b"})
-    with recorder.watching():
-        await add_model(kube, "a", priority=10)
-        await add_model(kube, "b", priority=10)
-        async with running_system(
-            database_url=database_url,
-            nats_url=clean_nats,
-            state_dir=tmp_path,
-            kubeconfig=kube.kubeconfig,
-            shared_demand_window=1.5,
-        ) as system:
-            await known(system, "a", "b")
-            # a wins the fallback election (same priority, alphabetical): its Deployment is scaled up.
-            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
-            await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
-            status, body, _ = await chat(system, "a", "hello")
-            assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
+async def test_a_request_for_the_parked_model_swaps_the_deployments(kube: KubeCluster, kube_system: KubeSystem) -> None:
+    async with pair_on_one_gpu(kube, kube_system, shared_demand_window=1.5) as (system, recorder):
+        await known(system, "a", "b")
+        # a wins the fallback election (same priority, alphabetical): its Deployment is scaled up.
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
+        await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
+        status, body, _ = await chat(system, "a", "hello")
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
 
-            results = await asyncio.gather(*(chat(system, "b", f"req-{i}") for i in range(3)))
-            for i, (status, body, headers) in enumerate(results):
-                assert status == 200, body
-                assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
-                assert headers.get("X-FlexInfer-Cold-Start") == "true"
+        results = await asyncio.gather(*(chat(system, "b", f"req-{i}") for i in range(3)))
+        for i, (status, body, headers) in enumerate(results):
+            assert status == 200, body
+            assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
+            assert headers.get("X-FlexInfer-Cold-Start") == "true"
 
-            # a was quiet: FlexInfer's policy parks it as idle (no preemption) for b
-            await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Idle", message="a Idle")
-            # b answered through the proxy once its route was Ready; its Model status is written back on its own
-            # path (scheduler -> actuator -> API server), which may trail under load: wait for it, not for a sleep.
-            await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready in its status")
-            a, b = status_of(kube, "a"), status_of(kube, "b")
-            assert b["phase"] == "Ready" and b["sharedGroup"]["state"] == "Active"
-            assert a.get("preemptedBy") is None and a["sharedGroup"]["state"] == "Parked"
-            assert condition(kube, "b", "Ready") == "True" and condition(kube, "a", "Active") == "False"
-            assert kube.get("deployments", "a")["spec"]["replicas"] == 0
-            assert kube.get("deployments", "b")["spec"]["replicas"] == 1
-    recorder.assert_never_two()
+        # a was quiet: FlexInfer's policy parks it as idle (no preemption) for b
+        await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Idle", message="a Idle")
+        # b answered through the proxy once its route was Ready; its Model status is written back on its own
+        # path (scheduler -> actuator -> API server), which may trail under load: wait for it, not for a sleep.
+        await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready in its status")
+        a, b = status_of(kube, "a"), status_of(kube, "b")
+        assert b["phase"] == "Ready" and b["sharedGroup"]["state"] == "Active"
+        assert a.get("preemptedBy") is None and a["sharedGroup"]["state"] == "Parked"
+        assert condition(kube, "b", "Ready") == "True" and condition(kube, "a", "Active") == "False"
+        assert kube.get("deployments", "a")["spec"]["replicas"] == 0
+        assert kube.get("deployments", "b")["spec"]["replicas"] == 1
     assert recorder.seen[-1] == frozenset({"b"})
     # The only writes to Deployments went through the scale subresource.
     ours = [c for c in kube.calls(resource="deployments") if c.user_agent.startswith("flexinfer-actuator")]
@@ -100,14 +83,10 @@ def events_for(kube: KubeCluster, name: str, reason: str | None = None) -> list[
     ]
 
 
-async def test_status_conflicts_are_retried_with_a_fresh_read(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_status_conflicts_are_retried_with_a_fresh_read(kube: KubeCluster, kube_system: KubeSystem) -> None:
     await add_model(kube, "a")
     conflicts = kube.inject_conflicts(3, resource="models", subresource="status")
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-    ):
+    async with kube_system():
         await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready in its status")
     assert conflicts.remaining == 0
     rereads = kube.calls(verb="get", resource="models", name="a")
@@ -118,13 +97,11 @@ async def test_status_conflicts_are_retried_with_a_fresh_read(
 
 
 async def test_spec_changes_made_while_the_api_server_was_away_are_not_lost(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, kube_system: KubeSystem
 ) -> None:
     await add_model(kube, "a")
     await add_model(kube, "b")
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-    ) as system:
+    async with kube_system() as system:
         await wait_for(lambda: _has(system, {"a", "b"}), what="a and b reach the scheduler")
         async with kube.unreachable():
             # Changes nobody can watch: c created, b deleted, a's priority changed; the history is compacted, so a
@@ -149,7 +126,7 @@ async def _has(system: System, names: set[str]) -> bool:
 
 
 async def test_an_invalid_model_gets_a_message_and_an_event_and_the_others_go_on(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, kube_system: KubeSystem
 ) -> None:
     # An older CRD that does not validate the spec (as after a partial upgrade): the actuator must judge it itself.
     crd = kube.get("customresourcedefinitions.apiextensions.k8s.io", "models.ai.flexinfer")
@@ -167,9 +144,7 @@ async def test_an_invalid_model_gets_a_message_and_an_event_and_the_others_go_on
     bad = model_resource("bad")
     bad["spec"]["gpu"]["priority"] = "very high"
     await create(kube, bad)
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-    ) as system:
+    async with kube_system() as system:
         await kube.wait_for(lambda: status_of(kube, "good").get("phase") == "Ready", message="good is served")
         await kube.wait_for(lambda: status_of(kube, "bad").get("message"), message="bad gets a message")
         bad_status = status_of(kube, "bad")
@@ -189,34 +164,18 @@ async def test_an_invalid_model_gets_a_message_and_an_event_and_the_others_go_on
         await kube.wait_for(lambda: "spec.gpu" not in status_of(kube, "bad").get("message", ""), message="cleared")
 
 
-async def test_active_services_annotation_follows_the_active_model(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_active_services_annotation_follows_the_active_model(kube: KubeCluster, kube_system: KubeSystem) -> None:
     for name in ("a", "b"):
-        await create(
-            kube,
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name},
-                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
-            },
-        )
+        await create(kube, service(name))
     await add_model(kube, "a", priority=10, serviceLabels=["chat", "assistant"])
     await add_model(kube, "b", priority=10, serviceLabels=["chat"])
 
     def annotation(name: str) -> str | None:
-        service = kube.get("services", name) or {}
-        value = service.get("metadata", {}).get("annotations", {}).get("ai.flexinfer/active-services")
+        found = kube.get("services", name) or {}
+        value = found.get("metadata", {}).get("annotations", {}).get("ai.flexinfer/active-services")
         return None if value is None else str(value)
 
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        shared_demand_window=1.0,
-    ) as system:
+    async with kube_system(shared_demand_window=1.0) as system:
         await known(system, "a", "b")
         await kube.wait_for(
             lambda: (annotation("a"), annotation("b")) == ("chat,assistant", ""), message="a's labels, b empty"
@@ -232,28 +191,20 @@ async def test_active_services_annotation_follows_the_active_model(
         await kube.wait_for(lambda: annotation("b") == "chat", message="restored")
 
 
-async def test_gpugroup_status_names_the_active_model_and_the_queue(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_gpugroup_status_names_the_active_model_and_the_queue(kube: KubeCluster, kube_system: KubeSystem) -> None:
     for name in ("x", "y"):
         await create(kube, model_deployment(name, startup_delay=0.2))
         await create(kube, model_resource(name, group=None))
     await create(
         kube,
-        {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "pair"},
-            "spec": {
-                "models": [{"name": "x", "priority": 10}, {"name": "y", "priority": 20}],
-                # y may take the GPU only after x ran 30 s: meanwhile y waits in the queue.
-                "policy": {"hysteresisWindowSeconds": 0, "requestQueueThreshold": 1, "minimumRunDurationSeconds": 30},
-            },
-        },
+        gpu_group(
+            "pair",
+            models=[{"name": "x", "priority": 10}, {"name": "y", "priority": 20}],
+            # y may take the GPU only after x ran 30 s: meanwhile y waits in the queue.
+            policy={"hysteresisWindowSeconds": 0, "requestQueueThreshold": 1, "minimumRunDurationSeconds": 30},
+        ),
     )
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-    ) as system:
+    async with kube_system() as system:
         group = lambda: (kube.get("GPUGroup", "pair") or {}).get("status") or {}  # noqa: E731
         await known(system, "x", "y")
         status, _, _ = await chat(system, "x", "first")
@@ -290,17 +241,11 @@ async def test_gpugroup_status_names_the_active_model_and_the_queue(
     ],
 )
 async def test_a_deployment_that_never_gets_ready_fails_with_the_pods_reason(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path, options: dict[str, Any], reason: str
+    kube: KubeCluster, options: dict[str, Any], reason: str, kube_system: KubeSystem
 ) -> None:
     await create(kube, model_deployment("broken", **options))
     await create(kube, model_resource("broken"))
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        load_timeout=3,
-    ) as system:
+    async with kube_system(load_timeout=3) as system:
         await kube.wait_for(lambda: status_of(kube, "broken").get("phase") == "Failed", within=30, message="Failed")
         message = status_of(kube, "broken")["message"]
         assert "load timeout" in message and reason in message, message
@@ -314,80 +259,60 @@ async def test_a_deployment_that_never_gets_ready_fails_with_the_pods_reason(
         assert status == 503 and reason.split(":")[0] in body["error"]["message"]
 
 
-async def test_changes_made_by_others_are_judged_like_a_crash(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    recorder = PodsRecorder(kube, {"a", "b"})
-    with recorder.watching():
-        await add_model(kube, "a", priority=10)
-        await add_model(kube, "b", priority=5)
-        async with running_system(
-            database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-        ) as system:
-            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
-            first = kube.ready_pods("app=a")[0]["metadata"]["name"]
+async def test_changes_made_by_others_are_judged_like_a_crash(kube: KubeCluster, kube_system: KubeSystem) -> None:
+    async with pair_on_one_gpu(kube, kube_system, priorities=(10, 5)) as (system, _):
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
+        first = kube.ready_pods("app=a")[0]["metadata"]["name"]
 
-            # The seed's "rollout restart deadlock": the active model's pod is replaced; FlexInfer follows it.
-            (await kube.kubectl("rollout", "restart", "deployment/a")).check()
-            await kube.wait_for(
-                lambda: [p for p in kube.ready_pods("app=a") if p["metadata"]["name"] != first],
-                within=30,
-                message="a new pod of a Ready",
-            )
-            await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready again")
-            status, body, _ = await chat(system, "a", "after the restart")
-            assert status == 200 and body["choices"][0]["message"]["content"] == "[a] after the restart"
+        # The seed's "rollout restart deadlock": the active model's pod is replaced; FlexInfer follows it.
+        (await kube.kubectl("rollout", "restart", "deployment/a")).check()
+        await kube.wait_for(
+            lambda: [p for p in kube.ready_pods("app=a") if p["metadata"]["name"] != first],
+            within=30,
+            message="a new pod of a Ready",
+        )
+        await kube.wait_for(lambda: status_of(kube, "a").get("phase") == "Ready", message="a Ready again")
+        status, body, _ = await chat(system, "a", "after the restart")
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[a] after the restart"
 
-            # Someone scales the parked b up: it is scaled back (a holds the GPU), with a Warning event.
-            (await kube.kubectl("scale", "deployment/b", "--replicas=1")).check()
-            await kube.wait_for(
-                lambda: events_for(kube, "b", "ScaledOutsideFlexInfer"), message="the scale-back event on b"
-            )
-            await kube.wait_for(
-                lambda: kube.get("deployments", "b")["spec"]["replicas"] == 0 and not kube.pods("app=b"),
-                message="b parked again",
-            )
+        # Someone scales the parked b up: it is scaled back (a holds the GPU), with a Warning event.
+        (await kube.kubectl("scale", "deployment/b", "--replicas=1")).check()
+        await kube.wait_for(
+            lambda: events_for(kube, "b", "ScaledOutsideFlexInfer"), message="the scale-back event on b"
+        )
+        await kube.wait_for(
+            lambda: kube.get("deployments", "b")["spec"]["replicas"] == 0 and not kube.pods("app=b"),
+            message="b parked again",
+        )
 
-            # Someone scales the active a to zero: like a crash, it is restarted.
-            (await kube.kubectl("scale", "deployment/a", "--replicas=0")).check()
-            await kube.wait_for(lambda: not kube.pods("app=a"), message="a's pods gone")
-            await kube.wait_for(lambda: kube.ready_pods("app=a"), within=30, message="a restarted by FlexInfer")
-            status, _, _ = await chat(system, "a", "after the scale-down")
-            assert status == 200
-    recorder.assert_never_two()
+        # Someone scales the active a to zero: like a crash, it is restarted.
+        (await kube.kubectl("scale", "deployment/a", "--replicas=0")).check()
+        await kube.wait_for(lambda: not kube.pods("app=a"), message="a's pods gone")
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), within=30, message="a restarted by FlexInfer")
+        status, _, _ = await chat(system, "a", "after the scale-down")
+        assert status == 200
 
 
 async def test_an_actuator_killed_between_parking_and_activating_completes_the_swap(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, kube_system: KubeSystem
 ) -> None:
-    recorder = PodsRecorder(kube, {"a", "b"})
-    with recorder.watching():
-        await add_model(kube, "a", priority=10)
-        await add_model(kube, "b", priority=10)
-        async with running_system(
-            database_url=database_url,
-            nats_url=clean_nats,
-            state_dir=tmp_path,
-            kubeconfig=kube.kubeconfig,
-            shared_demand_window=1.0,
-        ) as system:
-            await known(system, "a", "b")
-            await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
-            # b's Deployment cannot be scaled for now: the swap stops between "a parked" and "b activated".
-            blocked = kube.inject_error(
-                10_000, reason=Reason.SERVICE_UNAVAILABLE, resource="deployments", name="b", subresource="scale"
-            )
-            waiting = asyncio.create_task(chat(system, "b", "patience"))
-            await kube.wait_for(lambda: not kube.pods("app=a"), within=30, message="a parked")
-            await kube.wait_for(lambda: blocked.remaining < 10_000, message="b's activation attempted")
-            await system.stop_service("actuator")  # killed mid-swap
-            blocked.remaining = 0
-            assert not kube.pods("app=b")
-            await system.start_service("actuator")
-            status, body, _ = await asyncio.wait_for(waiting, timeout=60)
-            assert status == 200 and body["choices"][0]["message"]["content"] == "[b] patience"
-            await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready")
-    recorder.assert_never_two()
+    async with pair_on_one_gpu(kube, kube_system, shared_demand_window=1.0) as (system, _):
+        await known(system, "a", "b")
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
+        # b's Deployment cannot be scaled for now: the swap stops between "a parked" and "b activated".
+        blocked = kube.inject_error(
+            10_000, reason=Reason.SERVICE_UNAVAILABLE, resource="deployments", name="b", subresource="scale"
+        )
+        waiting = asyncio.create_task(chat(system, "b", "patience"))
+        await kube.wait_for(lambda: not kube.pods("app=a"), within=30, message="a parked")
+        await kube.wait_for(lambda: blocked.remaining < 10_000, message="b's activation attempted")
+        await system.stop_service("actuator")  # killed mid-swap
+        blocked.remaining = 0
+        assert not kube.pods("app=b")
+        await system.start_service("actuator")
+        status, body, _ = await asyncio.wait_for(waiting, timeout=60)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "[b] patience"
+        await kube.wait_for(lambda: status_of(kube, "b").get("phase") == "Ready", message="b Ready")
 
 
 def acting_agents(kube: KubeCluster, since: int = 0) -> set[str]:
@@ -402,17 +327,11 @@ def acting_agents(kube: KubeCluster, since: int = 0) -> set[str]:
 
 
 async def test_two_actuator_replicas_one_acts_and_the_other_takes_over(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, kube_system: KubeSystem
 ) -> None:
     await add_model(kube, "a", priority=10, gpu={"swapCooldown": "1s"})  # swaps back and forth at once
     await add_model(kube, "b", priority=10, gpu={"swapCooldown": "1s"})
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        shared_demand_window=1.0,
-    ) as system:
+    async with kube_system(shared_demand_window=1.0) as system:
         await known(system, "a", "b")
         await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
         await system.start_service("actuator-2", "actuator", instance_id="actuator-two")
@@ -434,18 +353,12 @@ async def test_two_actuator_replicas_one_acts_and_the_other_takes_over(
 
 
 async def test_a_killed_leader_is_replaced_once_its_lease_lapses_and_serving_goes_on(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, clean_nats: str, tmp_path: Path, kube_system: KubeSystem
 ) -> None:
     """SIGKILL of the acting replica (a separate process: it cannot hand its Lease back). The standby takes over
     once the Lease has not moved for its duration, and adopts the running model without restarting it."""
     await add_model(kube, "a")
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        services=("scheduler", "proxy"),
-    ) as system:
+    async with kube_system(services=("scheduler", "proxy")) as system:
         env = {
             **os.environ,
             "FLEXINFER_NATS_URL": clean_nats,
@@ -485,9 +398,7 @@ async def test_a_killed_leader_is_replaced_once_its_lease_lapses_and_serving_goe
                 await first.wait()
 
 
-async def test_the_seeds_kubectl_columns_move_as_requests_arrive(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_the_seeds_kubectl_columns_move_as_requests_arrive(kube: KubeCluster, kube_system: KubeSystem) -> None:
     """The seed's Operations Guide, against the manifests a user applies: examples/kubernetes/homelab.yaml, under the
     seed's policy (``FLEXINFER_SCHEDULING_POLICY=seed``), whose walk-through it is: a lower priority waits for the
     fallback leader's idle timeout. (FlexInfer's default lets a fallback nobody asked for yield at once: the table
@@ -509,14 +420,7 @@ async def test_the_seeds_kubectl_columns_move_as_requests_arrive(
         "chat-large": ["homelab-gpu", "100", "<none>", "<none>", "<none>", "<none>"],
         "chat-small": ["homelab-gpu", "50", "<none>", "<none>", "<none>", "<none>"],
     }
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        shared_demand_window=2.0,
-        scheduling_policy="seed",
-    ) as system:
+    async with kube_system(shared_demand_window=2.0, scheduling_policy="seed") as system:
         await known(system, "chat-small", "chat-large")
         # Nobody asked yet: the highest priority is loaded as the fallback leader.
         (await kube.kubectl("wait", "--for=condition=Active", "model/chat-large", "--timeout=30s")).check()
@@ -549,20 +453,12 @@ async def test_the_seeds_kubectl_columns_move_as_requests_arrive(
 
 
 async def test_a_gpugroup_without_models_sets_its_v1alpha2_groups_scheduling(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, kube_system: KubeSystem
 ) -> None:
     await create(kube, model_deployment("a", startup_delay=0.2))
     await create(kube, model_resource("a", priority=10))
-    declared = {
-        "apiVersion": "ai.flexinfer/v1alpha1",
-        "kind": "GPUGroup",
-        "metadata": {"name": "gpu"},
-        "spec": {"scheduling": "seed"},
-    }
-    await create(kube, declared)
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig
-    ) as system:
+    await create(kube, gpu_group("gpu", scheduling="seed"))
+    async with kube_system() as system:
         await known(system, "a")
 
         async def scheduling() -> str | None:
@@ -578,7 +474,7 @@ async def test_a_gpugroup_without_models_sets_its_v1alpha2_groups_scheduling(
         status, body = await kube.request(
             "POST",
             "/apis/ai.flexinfer/v1alpha1/namespaces/default/gpugroups",
-            {**declared, "metadata": {"name": "other"}, "spec": {"scheduling": "fastest"}},
+            gpu_group("other", scheduling="fastest"),
         )
         assert status == 422 and "spec.scheduling" in str(body), (status, body)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
-from flexinfer_testbed.kube_models import add_model, create, known, model_deployment, model_resource
+from flexinfer_testbed.kube.builders import service
+from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
 from flexinfer_testbed.system import running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
 from tests.integration.test_kubernetes_rendering import model as rendering_model
@@ -54,15 +55,7 @@ async def test_the_chart_grants_exactly_what_the_actuator_calls(
 
 async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path) -> None:
     for name in ("a", "b"):
-        await create(
-            kube,
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name},
-                "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]},
-            },
-        )
+        await create(kube, service(name))
     await add_model(kube, "a", priority=10, serviceLabels=["chat"])
     await add_model(kube, "b", priority=5)
     for name in ("x", "y"):
@@ -70,12 +63,7 @@ async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: 
         await create(kube, model_resource(name, group=None))
     await create(
         kube,
-        {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "pair"},
-            "spec": {"models": [{"name": "x"}, {"name": "y"}]},
-        },
+        gpu_group("pair", models=[{"name": "x"}, {"name": "y"}]),
     )
     # A rendered model with the flash-loader: its Deployment and Service are created, changed while parked, and its
     # tmpfs copy is cleaned up by a Job when it is deleted.

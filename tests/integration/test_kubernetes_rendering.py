@@ -20,25 +20,15 @@ import yaml
 from flexinfer_actuator.flash_loader import MARKER
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
 from flexinfer_testbed.kube.store import PatchType
-from flexinfer_testbed.kube_models import create, known
+from flexinfer_testbed.kube_models import create, gpu_group, known
 from flexinfer_testbed.system import System, running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
+from tests.support.kube_fixtures import KubeSystem
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
 # The seed's Model, word for word (its namespace is the test cluster's).
-SEED_MODEL = """
-apiVersion: ai.flexinfer/v1alpha2
-kind: Model
-metadata:
-  name: qwen3-8b
-spec:
-  backend: mlc-llm
-  source: HF://mlc-ai/Qwen3-8B-q4f16_1-MLC
-  gpu:
-    shared: homelab-gpu
-    priority: 100
-"""
+SEED_MODEL = Path(__file__).with_name("seed_model.yaml")
 
 # No real engine runs here: the backends the tests use run the fake model server, configured as an operator
 # configures backends (FLEXINFER_BACKENDS_FILE, chart values `backends`).
@@ -80,16 +70,10 @@ def model(name: str, **spec: Any) -> dict[str, Any]:
 
 
 async def test_the_seeds_four_line_model_gets_a_serving_workload_deleted_with_it(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, tmp_path: Path, kube_system: KubeSystem
 ) -> None:
-    (await kube.kubectl("apply", "-f", "-", input=SEED_MODEL)).check()
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        **rendering_options(tmp_path),
-    ) as system:
+    (await kube.kubectl("apply", "-f", "-", input=SEED_MODEL.read_text())).check()
+    async with kube_system(**rendering_options(tmp_path)) as system:
         deployment = await kube.wait_for(lambda: kube.get("deployments", "qwen3-8b"), message="a rendered Deployment")
         owner = deployment["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"]) == (
@@ -116,16 +100,10 @@ async def test_the_seeds_four_line_model_gets_a_serving_workload_deleted_with_it
 
 
 async def test_an_edit_waits_until_the_model_is_parked_unless_forced(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, tmp_path: Path, kube_system: KubeSystem
 ) -> None:
     await create(kube, model("m", backend="fake"))
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        kubeconfig=kube.kubeconfig,
-        **rendering_options(tmp_path),
-    ) as system:
+    async with kube_system(**rendering_options(tmp_path)) as system:
         await known(system, "m")
         status, _, _ = await chat(system, "m", "hi")
         assert status == 200
@@ -155,7 +133,7 @@ async def test_an_edit_waits_until_the_model_is_parked_unless_forced(
 
 
 async def test_the_flash_loader_copies_once_redoes_a_stale_copy_and_is_cleaned_up(
-    kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path
+    kube: KubeCluster, tmp_path: Path, kube_system: KubeSystem
 ) -> None:
     options = rendering_options(tmp_path)
     weights = tmp_path / "claims" / "weights" / "qwen"
@@ -165,9 +143,7 @@ async def test_the_flash_loader_copies_once_redoes_a_stale_copy_and_is_cleaned_u
     await create(
         kube, model("m", backend="fake-from-volume", source="pvc://weights/qwen", cache={"strategy": "Memory"})
     )
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig, **options
-    ) as system:
+    async with kube_system(**options) as system:
         await known(system, "m")
         status, _, _ = await chat(system, "m", "hi")
         assert status == 200
@@ -284,12 +260,7 @@ async def test_co_resident_models_share_one_card_through_its_replicas(
     async with running_cluster(tmp_path / "kube", node=node) as kube:
         await create(
             kube,
-            {
-                "apiVersion": "ai.flexinfer/v1alpha1",
-                "kind": "GPUGroup",
-                "metadata": {"name": "homelab-gpu"},
-                "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
-            },
+            gpu_group("homelab-gpu", capacity={"devices": 1, "memoryPerDevice": "24Gi"}),
         )
         on_the_box = {"nodeSelector": {"kubernetes.io/hostname": "gpu-box"}}
         for name in ("chat", "coder", "embed"):

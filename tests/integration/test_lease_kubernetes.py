@@ -21,9 +21,10 @@ import yaml
 
 from flexinfer_common.bus import Bus
 from flexinfer_testbed.kube import KubeCluster
+from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.store import StoredEvent
 from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
-from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is
+from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is, small_and_tuned_side_by_side
 from tests.integration.test_scheduler_policies import running
 from tests.support.waiting import wait_for
 from tests.unit.test_charts import chart_dir, render
@@ -54,6 +55,13 @@ class Watcher(Recorder):
 
         kube.store.listeners.append(on_write)
 
+    @classmethod
+    async def watching(cls, bus: Bus, kube: KubeCluster) -> Watcher:
+        """A watcher already recording ``bus`` and ``kube``."""
+        watcher = cls()
+        await watcher.watch(bus, kube)
+        return watcher
+
 
 @contextlib.asynccontextmanager
 async def lease_system(kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
@@ -76,15 +84,7 @@ def job(
     if labels:
         metadata["labels"] = labels
     if owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": owner["apiVersion"],
-                "kind": owner["kind"],
-                "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-            }
-        ]
+        metadata["ownerReferences"] = [controller_reference(owner)]
     container = {
         "name": "train",
         "image": "trainer:test",
@@ -138,8 +138,7 @@ async def serving(system: System) -> bool:
 async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_parked_and_its_end_restores_serving(
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
-    watcher = Watcher()
-    await watcher.watch(bus, kube)
+    watcher = await Watcher.watching(bus, kube)
     async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
@@ -222,8 +221,7 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
 async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_releases_and_rbac_matches_the_calls(
     kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
-    watcher = Watcher()
-    await watcher.watch(bus, kube)
+    watcher = await Watcher.watching(bus, kube)
     async with lease_system(kube, database_url, bus, tmp_path) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: serving(system))
@@ -388,22 +386,7 @@ async def test_a_gpulease_with_memory_written_with_kubectl_parks_only_what_must_
         services=(*SERVICES, "proxy"),
         lease_manager=lease_manager_settings(kube),
     ) as system:
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "gpu"},
-            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
-        }
-        status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
-        assert status in (200, 201), answer
-        await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
-        await system.put_model(
-            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
-        )
-        for name in ("small", "tuned"):
-            code, _ = await chat(system.url("proxy"), name)
-            assert code == 200
-        assert await running(system) == ["small", "tuned"]
+        await small_and_tuned_side_by_side(system)
 
         def manifest(name: str, memory: str) -> dict[str, Any]:
             return {

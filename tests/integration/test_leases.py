@@ -31,7 +31,8 @@ from flexinfer_cli.embedded import free_port
 from flexinfer_common.bus import Bus
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.kube_models import gpu_group
+from flexinfer_testbed.system import System, fake_model, running_system, service_environment
 from tests.integration.test_scheduler_policies import members, running, sql
 from tests.support.waiting import wait_for
 
@@ -436,15 +437,9 @@ class LeaseManagerProcess:
     @classmethod
     async def start(cls, database_url: str, nats_url: str) -> LeaseManagerProcess:
         port = free_port()
-        env = {
-            **os.environ,
-            "FLEXINFER_DATABASE_URL": database_url,
-            "FLEXINFER_NATS_URL": nats_url,
-            "FLEXINFER_LEASE_MANAGER_PORT": str(port),
-            "FLEXINFER_BIND_HOST": "127.0.0.1",
-            "FLEXINFER_LEASE_REFRESH_INTERVAL": "1s",
-            "FLEXINFER_LOG_LEVEL": "WARNING",
-        }
+        env = service_environment(
+            database_url=database_url, nats_url=nats_url, lease_manager_port=str(port), lease_refresh_interval="1s"
+        )
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", "flexinfer_lease_manager", env=env)
         url = f"http://127.0.0.1:{port}"
 
@@ -607,6 +602,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+async def small_and_tuned_side_by_side(system: System) -> None:
+    """Group ``gpu`` with one 24Gi device, and two models on it that fit together: ``small`` (12Gi, priority 5) and
+    ``tuned`` (10Gi, priority 10), both served."""
+    group = gpu_group("gpu", capacity={"devices": 1, "memoryPerDevice": "24Gi"})
+    status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
+    assert status in (200, 201), answer
+    await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
+    await system.put_model(fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"}))
+    for name in ("small", "tuned"):
+        code, _ = await chat(system.url("proxy"), name)
+        assert code == 200
+    assert await running(system) == ["small", "tuned"]
+
+
 async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_release_lets_it_back(
     database_url: str, bus: Bus, tmp_path: Path
 ) -> None:
@@ -616,22 +625,7 @@ async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_relea
     recorder = Recorder()
     await recorder.start(bus)
     async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "gpu"},
-            "spec": {"capacity": {"devices": 1, "memoryPerDevice": "24Gi"}},
-        }
-        status, answer = await system.call("PUT", "scheduler", "/api/v1/gpugroups/gpu", group)
-        assert status in (200, 201), answer
-        await system.put_model(fake_model("small", priority=5, gpu={"shared": "gpu", "priority": 5, "memory": "12Gi"}))
-        await system.put_model(
-            fake_model("tuned", priority=10, gpu={"shared": "gpu", "priority": 10, "memory": "10Gi"})
-        )
-        for name in ("small", "tuned"):
-            code, _ = await chat(system.url("proxy"), name)
-            assert code == 200
-        assert await running(system) == ["small", "tuned"]
+        await small_and_tuned_side_by_side(system)
 
         # More than one device holds, or not a quantity: refused, naming memory, and nothing parks.
         for memory, words in (("30Gi", "more than one device of group gpu holds"), ("lots", "memory")):

@@ -8,21 +8,16 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.keys import ModelKey
-from flexinfer_common.messages import Route
-from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.settings import ProxySettings
+from flexinfer_testbed.routes import make_route
+from tests.support.proxy import fake_model_server, proxy_to_model, publish_route, started_proxy
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -31,49 +26,13 @@ CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
 async def proxy_to_fake_model(nats_url: str, *, labels: tuple[str, ...] = (), **overrides: Any) -> AsyncIterator[Proxy]:
     """A started proxy whose model ``m1`` (with service ``labels``) is Ready on a fake model server."""
-    async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as model:
-        settings = ProxySettings(nats_url=nats_url, bind_host="127.0.0.1", proxy_port=0, **overrides)
-        bus = Bus(nats_url, name="proxy-edge")
-        await bus.connect()
-        await bus.ensure_streams()
-        proxy = Proxy(settings, bus, instance_id="proxy-edge", route_check_interval=0.5)
-        await proxy.start()
-        try:
-            async with asyncio.timeout(5):
-                await proxy.wait_ready()
-            route = Route(
-                namespace="default",
-                name="m1",
-                service_labels=list(labels),
-                ready=True,
-                endpoint=model,
-                phase=ModelPhase.READY,
-                state=SharedState.ACTIVE,
-                updated_at=datetime.now(UTC),
-            )
-            kv = await bus.routes()
-            await kv.put(subjects.route_key("default", "m1"), route.to_bytes())
-            # The bucket outlives a test: wait for this route, not a stale one of an earlier test's model.
-            await wait_for(lambda: getattr(proxy.routes.get(ModelKey("default", "m1")), "endpoint", None) == model)
-            yield proxy
-        finally:
-            await proxy.stop()
-            await bus.close()
+    async with (
+        fake_model_server() as model,
+        proxy_to_model(nats_url, model, instance_id="proxy-edge", labels=labels, **overrides) as proxy,
+    ):
+        yield proxy
 
 
 def shed_count(proxy_metrics: str, reason: str) -> float:
@@ -394,36 +353,18 @@ async def test_multipart_bodies_are_routed_by_their_model_field_or_refused_namin
 @contextlib.asynccontextmanager
 async def proxy_with_a_loading_model(nats_url: str, **overrides: Any) -> AsyncIterator[tuple[Proxy, Bus, str]]:
     """A started proxy whose model ``m1`` is Loading (its requests wait); the fake model's URL to make it Ready."""
-    async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as model:
-        settings = ProxySettings(nats_url=nats_url, bind_host="127.0.0.1", proxy_port=0, **overrides)
-        bus = Bus(nats_url, name="proxy-edge")
-        await bus.connect()
-        await bus.ensure_streams()
-        proxy = Proxy(settings, bus, instance_id="proxy-edge", route_check_interval=0.5)
-        await proxy.start()
-        try:
-            async with asyncio.timeout(5):
-                await proxy.wait_ready()
-            await put_route(proxy, bus, None)
-            yield proxy, bus, model
-        finally:
-            await proxy.stop()
-            await bus.close()
+    async with (
+        fake_model_server() as model,
+        started_proxy(nats_url, instance_id="proxy-edge", **overrides) as proxy,
+    ):
+        await put_route(proxy, proxy.bus, None)
+        yield proxy, proxy.bus, model
 
 
 async def put_route(proxy: Proxy, bus: Bus, endpoint: str | None) -> None:
-    route = Route(
-        namespace="default",
-        name="m1",
-        ready=endpoint is not None,
-        endpoint=endpoint,
-        phase=ModelPhase.READY if endpoint else ModelPhase.LOADING,
-        state=SharedState.ACTIVE,
-        updated_at=datetime.now(UTC),
-    )
-    kv = await bus.routes()
-    await kv.put(subjects.route_key("default", "m1"), route.to_bytes())
-    await wait_for(lambda: proxy.routes.get(ModelKey("default", "m1")) == route)
+    """``m1`` Ready at ``endpoint``, or with none Loading (Active, not Ready yet); until the proxy holds it."""
+    phase = ModelPhase.READY if endpoint else ModelPhase.LOADING
+    await publish_route(proxy, make_route("m1", endpoint=endpoint, phase=phase, state=SharedState.ACTIVE), bus=bus)
 
 
 async def test_a_waiting_stream_gets_comment_lines_so_a_client_read_timeout_does_not_fire(nats_url: str) -> None:

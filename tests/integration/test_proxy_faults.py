@@ -6,76 +6,28 @@ The NATS test runs its own embedded server (it stops and restarts it), never the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from flexinfer_cli.embedded import EmbeddedNats
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.keys import ModelKey
-from flexinfer_common.messages import Demand, Route
-from flexinfer_fake_model.server import FakeModelConfig, build_app
+from flexinfer_common.messages import Demand
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.settings import ProxySettings
+from flexinfer_testbed.routes import make_route, write_route
+from tests.support.proxy import fake_model_server, proxy_to_model, started_proxy
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 CHAT_M1 = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 CHAT_M2 = {"model": "m2", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def make_route(name: str, endpoint: str | None = None) -> Route:
-    ready = endpoint is not None
-    return Route(
-        namespace="default",
-        name=name,
-        ready=ready,
-        endpoint=endpoint,
-        phase=ModelPhase.READY if ready else ModelPhase.IDLE,
-        state=SharedState.ACTIVE if ready else SharedState.PARKED,
-        updated_at=datetime.now(UTC),
-    )
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def started_proxy(nats_url: str, **overrides: Any) -> AsyncIterator[Proxy]:
-    settings = ProxySettings(nats_url=nats_url, bind_host="127.0.0.1", proxy_port=0, **overrides)
-    bus = Bus(nats_url, name="proxy-under-test")
-    await bus.connect()
-    await bus.ensure_streams()
-    proxy = Proxy(settings, bus, instance_id="proxy-faults", route_check_interval=0.5)
-    await proxy.start()
-    try:
-        async with asyncio.timeout(5):
-            await proxy.wait_ready()
-        yield proxy
-    finally:
-        await proxy.stop()
-        await bus.close()
 
 
 # --------------------------------------------------------------------------- NATS down
@@ -92,14 +44,13 @@ async def test_with_nats_down_ready_models_are_served_and_the_rest_queue_until_d
     demands: asyncio.Queue[Demand] = asyncio.Queue()
     try:
         async with (
-            serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as m1,
-            serving(build_app(FakeModelConfig(model="m2", token_delay=0.001))) as m2,
-            started_proxy(nats_url, queue_timeout=1, demand_refresh_interval=0.2) as proxy,
+            fake_model_server("m1") as m1,
+            fake_model_server("m2") as m2,
+            started_proxy(nats_url, instance_id="proxy-faults", queue_timeout=1, demand_refresh_interval=0.2) as proxy,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
         ):
-            kv = await observer.routes()
-            for route in (make_route("m1", m1), make_route("m2")):
-                await kv.put(subjects.route_key("default", route.name), route.to_bytes())
+            for route in (make_route("m1", endpoint=m1), make_route("m2")):
+                await write_route(observer, route)
             await wait_for(lambda: len(proxy.routes) == 2)
             base = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
 
@@ -126,8 +77,7 @@ async def test_with_nats_down_ready_models_are_served_and_the_rest_queue_until_d
                 while (demand := await demands.get()).queued == 0:
                     pass
             assert (demand.model, demand.source) == ("m2", "proxy-faults")
-            kv = await observer.routes()
-            await kv.put(subjects.route_key("default", "m2"), make_route("m2", m2).to_bytes())
+            await write_route(observer, make_route("m2", endpoint=m2))
             async with await waiting as resp:
                 assert resp.status == 200
                 assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
@@ -169,15 +119,11 @@ class Flaky:
 
 
 @pytest.fixture
-async def flaky(bus: Bus, clean_nats: str) -> AsyncIterator[tuple[Flaky, str, Proxy]]:
+async def flaky(clean_nats: str) -> AsyncIterator[tuple[Flaky, str, Proxy]]:
     model = Flaky()
     server = await asyncio.start_server(model.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with started_proxy(clean_nats) as proxy:
-        kv = await bus.routes()
-        await kv.put("default.m1", make_route("m1", f"http://127.0.0.1:{port}").to_bytes())
-        endpoint = f"http://127.0.0.1:{port}"
-        await wait_for(lambda: getattr(proxy.routes.get(ModelKey("default", "m1")), "endpoint", None) == endpoint)
+    async with proxy_to_model(clean_nats, f"http://127.0.0.1:{port}", instance_id="proxy-faults") as proxy:
         yield model, f"http://127.0.0.1:{proxy.port}", proxy
     server.close()
 

@@ -10,24 +10,20 @@ queue timeout runs out first, else 502 ``upstream_unavailable`` once its re-queu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.keys import ModelKey
-from flexinfer_common.messages import Demand, Route
+from flexinfer_common.messages import Demand
 from flexinfer_common.tcp import free_port
-from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.settings import ProxySettings
+from flexinfer_testbed.routes import make_route, write_route
+from tests.support.proxy import fake_model_server, proxy_to_model
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -36,50 +32,9 @@ KEY = ModelKey("default", "m1")
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def ready_route(endpoint: str) -> Route:
-    return Route(
-        namespace="default",
-        name="m1",
-        ready=True,
-        endpoint=endpoint,
-        phase=ModelPhase.READY,
-        state=SharedState.ACTIVE,
-        updated_at=datetime.now(UTC),
-    )
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application, port: int = 0) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    host, bound = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def proxy_with_dead_route(bus: Bus, nats_url: str, dead_port: int, **overrides: Any) -> AsyncIterator[Proxy]:
-    settings = ProxySettings(nats_url=nats_url, bind_host="127.0.0.1", proxy_port=0, **overrides)
-    proxy_bus = Bus(nats_url, name="proxy-under-test")
-    await proxy_bus.connect()
-    await proxy_bus.ensure_streams()
-    proxy = Proxy(settings, proxy_bus, instance_id="proxy-requeue", route_check_interval=0.5)
-    await proxy.start()
-    try:
-        async with asyncio.timeout(5):
-            await proxy.wait_ready()
-        kv = await bus.routes()
-        endpoint = f"http://127.0.0.1:{dead_port}"
-        await kv.put(subjects.route_key("default", "m1"), ready_route(endpoint).to_bytes())
-        await wait_for(lambda: (r := proxy.routes.get(KEY)) is not None and r.ready and r.endpoint == endpoint)
-        yield proxy
-    finally:
-        await proxy.stop()
-        await proxy_bus.close()
+def proxy_with_dead_route(nats_url: str, dead_port: int, **overrides: Any) -> AbstractAsyncContextManager[Proxy]:
+    """A started proxy whose model ``m1`` is Ready at ``dead_port`` on loopback, where nothing listens."""
+    return proxy_to_model(nats_url, f"http://127.0.0.1:{dead_port}", instance_id="proxy-requeue", **overrides)
 
 
 async def test_a_request_for_a_dead_endpoint_waits_and_is_served_by_the_model_that_comes_back(
@@ -92,7 +47,7 @@ async def test_a_request_for_a_dead_endpoint_waits_and_is_served_by_the_model_th
 
     await bus.nc.subscribe(subjects.DEMAND_PREFIX + ".>", cb=on_demand)
     async with (
-        proxy_with_dead_route(bus, clean_nats, free_port(), queue_timeout=10) as proxy,
+        proxy_with_dead_route(clean_nats, free_port(), queue_timeout=10) as proxy,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
     ):
         url = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
@@ -102,9 +57,8 @@ async def test_a_request_for_a_dead_endpoint_waits_and_is_served_by_the_model_th
         assert marked is not None and not marked.ready, "the route counts as not Ready here"
         await asyncio.sleep(0.3)
         assert not waiting.done()
-        async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as model:
-            kv = await bus.routes()
-            await kv.put(subjects.route_key("default", "m1"), ready_route(model).to_bytes())
+        async with fake_model_server() as model:
+            await write_route(bus, make_route("m1", endpoint=model))
             async with await waiting as resp:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
@@ -119,13 +73,13 @@ async def test_the_mark_runs_out_by_itself_when_the_model_was_alive(bus: Bus, cl
     route applies again and the waiter tries it once more."""
     port = free_port()
     async with (
-        proxy_with_dead_route(bus, clean_nats, port, queue_timeout=10, proxy_suspect_for=0.5) as proxy,
+        proxy_with_dead_route(clean_nats, port, queue_timeout=10, proxy_suspect_for=0.5) as proxy,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
     ):
         url = f"http://127.0.0.1:{proxy.port}/v1/chat/completions"
         waiting = asyncio.create_task(http.post(url, json=CHAT))
         await wait_for(lambda: proxy.queues.length(KEY) == 1)
-        async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001)), port):
+        async with fake_model_server(port=port):
             async with await waiting as resp:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers["X-FlexInfer-Cold-Start"] == "true"
@@ -144,7 +98,7 @@ async def test_with_nothing_coming_back_the_request_ends_rather_than_hangs(
     bus: Bus, clean_nats: str, overrides: dict[str, Any], status: int, code: str
 ) -> None:
     async with (
-        proxy_with_dead_route(bus, clean_nats, free_port(), **overrides) as proxy,
+        proxy_with_dead_route(clean_nats, free_port(), **overrides) as proxy,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
     ):
         started = asyncio.get_running_loop().time()

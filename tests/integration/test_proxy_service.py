@@ -8,8 +8,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 import pytest
@@ -18,12 +17,11 @@ from prometheus_client import REGISTRY
 
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.messages import Demand, Route
-from flexinfer_fake_model.server import FakeModelConfig, build_app
 from flexinfer_proxy.adapters.routes_watcher import BAD_ROUTE_SUBJECT
 from flexinfer_proxy.app import Proxy
-from flexinfer_proxy.settings import ProxySettings
+from flexinfer_testbed.routes import RouteFields, make_route, write_route
+from tests.support.proxy import fake_model_server, publish_route, serving, started_proxy
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -32,19 +30,6 @@ NS = "default"
 
 
 # --------------------------------------------------------------------------- model servers
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 @dataclass
@@ -104,45 +89,13 @@ class Harness:
 
         await self.bus.nc.subscribe(subjects.DEMAND_PREFIX + ".>", cb=on_message)
 
-    async def put_route(
-        self,
-        name: str,
-        *,
-        endpoint: str | None = None,
-        failure: str | None = None,
-        labels: tuple[str, ...] = (),
-        namespace: str = NS,
-    ) -> Route:
+    async def put_route(self, name: str, **fields: Unpack[RouteFields]) -> Route:
         """Write a route and wait until the proxy's table holds it."""
-        route = await self.write_route(name, endpoint=endpoint, failure=failure, labels=labels, namespace=namespace)
-        await self.until(lambda: self.proxy.routes.get(self._key(namespace, name)) == route)
-        return route
+        return await publish_route(self.proxy, make_route(name, **fields), bus=self.bus, within=3.0)
 
-    async def write_route(
-        self,
-        name: str,
-        *,
-        endpoint: str | None = None,
-        failure: str | None = None,
-        labels: tuple[str, ...] = (),
-        namespace: str = NS,
-    ) -> Route:
+    async def write_route(self, name: str, **fields: Unpack[RouteFields]) -> Route:
         """Write a route to the bucket, as the scheduler does (the proxy's watch delivers it a moment later)."""
-        ready = endpoint is not None
-        route = Route(
-            namespace=namespace,
-            name=name,
-            service_labels=list(labels),
-            ready=ready,
-            endpoint=endpoint,
-            failure=failure,
-            phase=ModelPhase.READY if ready else ModelPhase.FAILED if failure else ModelPhase.IDLE,
-            state=SharedState.ACTIVE if ready else SharedState.PARKED,
-            updated_at=datetime.now(UTC),
-        )
-        kv = await self.bus.routes()
-        await kv.put(subjects.route_key(namespace, name), route.to_bytes())
-        return route
+        return await write_route(self.bus, make_route(name, **fields))
 
     @staticmethod
     def _key(namespace: str, name: str) -> Any:
@@ -184,34 +137,19 @@ StartProxy = Callable[..., Awaitable[Harness]]
 
 @pytest.fixture
 async def start_proxy(bus: Bus, clean_nats: str) -> AsyncIterator[StartProxy]:
-    started: list[tuple[Proxy, Bus]] = []
-    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    async with contextlib.AsyncExitStack() as started:
+        http = await started.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)))
 
-    async def start(*, check_interval: float = 10.0, **overrides: Any) -> Harness:
-        settings = ProxySettings(
-            nats_url=clean_nats,
-            bind_host="127.0.0.1",
-            proxy_port=0,
-            queue_timeout=overrides.pop("queue_timeout", 5),
-            demand_refresh_interval=overrides.pop("demand_refresh_interval", 10),
-            **overrides,
-        )
-        proxy_bus = Bus(clean_nats, name="proxy-under-test")
-        await proxy_bus.connect()
-        proxy = Proxy(settings, proxy_bus, instance_id="proxy-test-1", route_check_interval=check_interval)
-        await proxy.start()
-        started.append((proxy, proxy_bus))
-        async with asyncio.timeout(5):
-            await proxy.wait_ready()
-        harness = Harness(bus, proxy, http)
-        await harness.subscribe_demand()
-        return harness
+        async def start(*, check_interval: float = 10.0, **overrides: Any) -> Harness:
+            overrides = {"queue_timeout": 5, "demand_refresh_interval": 10, **overrides}
+            proxy = await started.enter_async_context(
+                started_proxy(clean_nats, instance_id="proxy-test-1", route_check_interval=check_interval, **overrides)
+            )
+            harness = Harness(bus, proxy, http)
+            await harness.subscribe_demand()
+            return harness
 
-    yield start
-    for proxy, proxy_bus in started:
-        await proxy.stop()
-        await proxy_bus.close()
-    await http.close()
+        yield start
 
 
 @pytest.fixture
@@ -221,7 +159,7 @@ async def proxy(start_proxy: StartProxy) -> Harness:
 
 @pytest.fixture
 async def fake_model() -> AsyncIterator[str]:
-    async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as base:
+    async with fake_model_server() as base:
         yield base
 
 

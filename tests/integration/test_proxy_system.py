@@ -16,6 +16,7 @@ import pytest
 
 from flexinfer_cli.embedded import free_port
 from flexinfer_testbed.system import TIMINGS, _ready, fake_model, running_system
+from tests.support.chat import post_chat as chat
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +47,6 @@ async def extra_proxy(nats_url: str, *, instance_id: str, **overrides: Any) -> A
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
-
-
-async def chat(http: aiohttp.ClientSession, base: str, model: str, text: str) -> tuple[int, dict[str, Any], Any]:
-    body = {"model": model, "messages": [{"role": "user", "content": text}]}
-    async with http.post(base + "/v1/chat/completions", json=body) as resp:
-        return resp.status, await resp.json(), resp.headers
 
 
 async def test_two_proxy_replicas_share_one_scheduler_and_a_restarted_one_routes_at_once(

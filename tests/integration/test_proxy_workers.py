@@ -4,12 +4,10 @@ both, and a graceful stop of all of them on SIGTERM. Runs the real ``python -m f
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +17,13 @@ import pytest
 from flexinfer_cli.embedded import free_port
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_common.enums import ModelPhase, SharedState
-from flexinfer_common.messages import Demand, Route
-from flexinfer_fake_model.server import FakeModelConfig, build_app
-from tests.integration.test_proxy_service import serving
+from flexinfer_common.messages import Demand
+from flexinfer_testbed.routes import make_route, write_route
+from flexinfer_testbed.system import service_environment
+from tests.support.proxy import fake_model_server
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def route(endpoint: str | None) -> Route:
-    ready = endpoint is not None
-    return Route(
-        namespace="default",
-        name="m1",
-        ready=ready,
-        endpoint=endpoint,
-        phase=ModelPhase.READY if ready else ModelPhase.IDLE,
-        state=SharedState.ACTIVE if ready else SharedState.PARKED,
-        updated_at=datetime.now(UTC),
-    )
 
 
 def children(pid: int) -> list[int]:
@@ -48,16 +33,9 @@ def children(pid: int) -> list[int]:
 @pytest.fixture
 def workers(clean_nats: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    env = {
-        **os.environ,
-        "FLEXINFER_NATS_URL": clean_nats,
-        "FLEXINFER_BIND_HOST": "127.0.0.1",
-        "FLEXINFER_PROXY_PORT": str(port),
-        "FLEXINFER_PROXY_WORKERS": "2",
-        "FLEXINFER_INSTANCE_ID": "proxy-pair",
-        "FLEXINFER_QUEUE_TIMEOUT": "20s",
-        "FLEXINFER_LOG_LEVEL": "WARNING",
-    }
+    env = service_environment(
+        nats_url=clean_nats, proxy_port=str(port), proxy_workers="2", instance_id="proxy-pair", queue_timeout="20s"
+    )
     log = (tmp_path / "proxy.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "flexinfer_proxy"], env=env, stdout=log, stderr=log)
     try:
@@ -79,8 +57,7 @@ async def test_two_workers_share_the_port_and_each_signals_its_own_demand(
         demands.append(Demand.model_validate_json(msg.data))
 
     await bus.nc.subscribe(subjects.DEMAND_PREFIX + ".>", cb=on_demand)
-    kv = await bus.routes()
-    await kv.put(subjects.route_key("default", "m1"), route(None).to_bytes())
+    await write_route(bus, make_route("m1"))
 
     async def ready() -> bool:
         try:
@@ -100,8 +77,8 @@ async def test_two_workers_share_the_port_and_each_signals_its_own_demand(
             sessions.append(session := aiohttp.ClientSession())
             waiting.append(asyncio.create_task(session.post(base + "/v1/chat/completions", json=body)))
             await asyncio.sleep(0.05)
-        async with serving(build_app(FakeModelConfig(model="m1", token_delay=0.001))) as model:
-            await kv.put(subjects.route_key("default", "m1"), route(model).to_bytes())
+        async with fake_model_server() as model:
+            await write_route(bus, make_route("m1", endpoint=model))
             for resp in await asyncio.gather(*waiting):
                 assert resp.status == 200
                 assert resp.headers["X-FlexInfer-Cold-Start"] == "true"

@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 from flexinfer_common.bus import Bus
 from flexinfer_common.messages import Demand
 from flexinfer_common.subjects import demand_subject
+from flexinfer_testbed.kube_models import gpu_group
 from flexinfer_testbed.system import System, fake_model, running_system
 from tests.support.waiting import wait_for
 
@@ -96,15 +97,11 @@ async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, b
 
 async def test_v1alpha1_gpugroup_queue_threshold_and_priority(database_url: str, bus: Bus, tmp_path: Path) -> None:
     async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "g1"},
-            "spec": {
-                "models": [{"name": "a", "priority": 10}, {"name": "b", "priority": 20}],
-                "policy": {"requestQueueThreshold": 3, "minimumRunDurationSeconds": 0, "hysteresisWindowSeconds": 10},
-            },
-        }
+        group = gpu_group(
+            "g1",
+            models=[{"name": "a", "priority": 10}, {"name": "b", "priority": 20}],
+            policy={"requestQueueThreshold": 3, "minimumRunDurationSeconds": 0, "hysteresisWindowSeconds": 10},
+        )
         assert system.http is not None
         # the GPUGroup first, as `flexinfer apply` sends it: a model already running on its own would not be moved
         # into the group while it may hold its GPU (409)
@@ -158,12 +155,7 @@ async def test_a_gpugroup_that_would_move_a_serving_model_is_refused_until_the_m
             return bool(status["phase"] == phase and status.get("sharedGroup", {}).get("state") == state)
 
         await wait_for(lambda: a_is("Ready", "Active"))
-        group = {
-            "apiVersion": "ai.flexinfer/v1alpha1",
-            "kind": "GPUGroup",
-            "metadata": {"name": "g1"},
-            "spec": {"models": [{"name": "a", "priority": 10}]},
-        }
+        group = gpu_group("g1", models=[{"name": "a", "priority": 10}])
         status, body = await system.call("PUT", "scheduler", "/api/v1/gpugroups/g1", group)
         assert status == 409, body
         assert body["error"]["code"] == "conflict" and body["error"]["type"] == "invalid_request_error"

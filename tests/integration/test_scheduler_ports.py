@@ -30,8 +30,8 @@ from flexinfer_scheduler.ports import (
     SchedulerBus,
     SchedulerStore,
 )
-from flexinfer_testbed.servers import TestServers
-from tests.conftest import fresh_database, reset_nats
+from flexinfer_testbed.servers import TestServers, fresh_database
+from tests.conftest import reset_nats
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import pytest
 
 from flexinfer_common.bus import Bus
 from flexinfer_testbed.system import System, fake_model, running_system
+from tests.support.chat import Answer, post_chat
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,14 +22,11 @@ pytestmark = pytest.mark.integration
 RUNNING = {"Loading", "Ready", "Stopping"}
 
 
-async def chat(
-    system: System, model: str, text: str, *, delay: float = 0
-) -> tuple[int, dict[str, Any], dict[str, str]]:
+async def chat(system: System, model: str, text: str, *, delay: float = 0) -> Answer:
+    """``text`` for ``model`` through the system's proxy, sent ``delay`` seconds from now."""
     await asyncio.sleep(delay)
     assert system.http is not None
-    body = {"model": model, "messages": [{"role": "user", "content": text}]}
-    async with system.http.post(system.url("proxy") + "/v1/chat/completions", json=body) as resp:
-        return resp.status, await resp.json(), dict(resp.headers)
+    return await post_chat(system.http, system.url("proxy"), model, text)
 
 
 class ProcessTableWatcher:
@@ -72,6 +70,24 @@ def response_number(body: dict[str, Any]) -> int:
     return int(body["id"].rsplit("-", 1)[1])
 
 
+async def requests_in_turn(system: System, model: str, count: int = 5) -> list[Answer]:
+    """``count`` chats for ``model`` (``req-0``, ``req-1``, ...), sent 50 ms apart, and their answers."""
+    return await asyncio.gather(*(chat(system, model, f"req-{i}", delay=0.05 * i) for i in range(count)))
+
+
+def assert_each_answered_cold(results: list[Answer], model: str) -> list[int]:
+    """Each request was answered by ``model`` itself after a cold start, and reached it once: the response numbers
+    (consecutive, in the order the requests were sent)."""
+    for i, (status, body, headers) in enumerate(results):
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == f"[{model}] req-{i}"
+        assert headers.get("X-FlexInfer-Cold-Start") == "true"
+    numbers = [response_number(body) for _, body, _ in results]
+    first = min(numbers)
+    assert sorted(numbers) == list(range(first, first + len(numbers))), numbers
+    return numbers
+
+
 async def test_request_for_b_is_answered_by_b_after_a_was_parked(
     database_url: str, clean_nats: str, tmp_path: Path
 ) -> None:
@@ -86,20 +102,15 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(
         assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
 
         with ProcessTableWatcher(system) as watcher:
-            results = await asyncio.gather(*(chat(system, "b", f"req-{i}", delay=0.05 * i) for i in range(5)))
+            results = await requests_in_turn(system, "b")
             await asyncio.sleep(0.1)
 
-        for i, (status, body, headers) in enumerate(results):
-            assert status == 200, body
-            assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
-            assert headers.get("X-FlexInfer-Cold-Start") == "true"
-            assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) > 0
+        numbers = assert_each_answered_cold(results, "b")
+        assert all(int(headers["X-FlexInfer-Queue-Wait-Ms"]) > 0 for _, _, headers in results)
         # The proxy releases the queue in arrival order: each request is written to the model before the next is
         # released. On several connections the model's server may still begin two of them in either order (a new
         # connection's accept races a keep-alive read), so a neighbour swap is tolerated; anything more is a bug.
-        numbers = [response_number(body) for _, body, _ in results]
         first = min(numbers)
-        assert sorted(numbers) == list(range(first, first + len(numbers))), numbers
         assert all(abs((n - first) - i) <= 1 for i, n in enumerate(numbers)), f"drained out of arrival order: {numbers}"
 
         assert all(len(running) <= 1 for running in watcher.seen), f"two models ran at once: {watcher.seen}"

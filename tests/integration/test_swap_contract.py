@@ -24,7 +24,7 @@ from flexinfer_common.bus import Bus
 from flexinfer_testbed.kube import KubeCluster, running_cluster
 from flexinfer_testbed.kube_models import PodsRecorder, add_model
 from flexinfer_testbed.system import System, fake_model, running_system
-from tests.integration.test_swap import ProcessTableWatcher, chat, response_number
+from tests.integration.test_swap import ProcessTableWatcher, assert_each_answered_cold, chat, requests_in_turn
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -142,18 +142,12 @@ async def test_a_request_for_the_parked_model_parks_the_active_one_then_drains_t
     assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
 
     with backend.recording():
-        results = await asyncio.gather(*(chat(system, "b", f"req-{i}", delay=0.05 * i) for i in range(5)))
+        results = await requests_in_turn(system, "b")
         await asyncio.sleep(0.1)
 
-    for i, (status, body, headers) in enumerate(results):
-        assert status == 200, body
-        assert body["choices"][0]["message"]["content"] == f"[b] req-{i}"
-        assert headers.get("X-FlexInfer-Cold-Start") == "true"
     # Each request reached b once (the drain order itself is the proxy's, checked in test_swap.py and its own
     # tests: over several connections the server may begin them in another order under load).
-    numbers = [response_number(body) for _, body, _ in results]
-    first = min(numbers)
-    assert sorted(numbers) == list(range(first, first + len(numbers))), numbers
+    assert_each_answered_cold(results, "b")
 
     seen = backend.seen()
     assert_never_two(seen)

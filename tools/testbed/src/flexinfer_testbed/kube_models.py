@@ -36,6 +36,11 @@ def model_resource(
     return body
 
 
+def gpu_group(name: str, **spec: Any) -> dict[str, Any]:
+    """A v1alpha1 GPUGroup (``models``, ``policy``, ``capacity``, ``scheduling``: as the CRD spells them)."""
+    return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup", "metadata": {"name": name}, "spec": spec}
+
+
 def model_deployment(name: str, *, startup_delay: float = 0.3, grace: int = 2, **options: Any) -> dict[str, Any]:
     """The Deployment of a fake model: parked (0 replicas), one GPU, ready at /health after ``startup_delay``."""
     command = options.pop(

@@ -26,7 +26,8 @@ import ipaddress
 import logging
 import os
 import secrets
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -374,6 +375,20 @@ async def drop_test_database(admin_url: str, name: str) -> None:
         await conn.execute(f"DROP DATABASE IF EXISTS {ident} WITH (FORCE)")
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(servers: TestServers, *, prefix: str = "flexinfer_test") -> AsyncIterator[str]:
+    """A new database named ``<prefix>_<random>`` with the migrations applied, dropped afterwards."""
+    from flexinfer_common.db import upgrade_database
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    url = await create_test_database(servers.database_url, name)
+    await upgrade_database(url)
+    try:
+        yield url
+    finally:
+        await drop_test_database(servers.database_url, name)
 
 
 async def reset_nats(url: str) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,25 @@ async def running_system(
                 await asyncio.wait_for(service.task, timeout=30)
 
 
+def service_environment(**settings: str) -> dict[str, str]:
+    """The environment of a service run as its own process: this one's, on loopback, logging warnings and worse,
+    and each of ``settings`` as ``FLEXINFER_<NAME>`` (``nats_url=...`` is FLEXINFER_NATS_URL)."""
+    return {
+        **os.environ,
+        "FLEXINFER_BIND_HOST": "127.0.0.1",
+        "FLEXINFER_LOG_LEVEL": "WARNING",
+        **{f"FLEXINFER_{name.upper()}": value for name, value in settings.items()},
+    }
+
+
+def fake_model_command(
+    name: str, *options: str, startup_delay: float = 0.3, program: Sequence[str] = ("flexinfer-fake-model",)
+) -> list[str]:
+    """The command line of the fake OpenAI-compatible model server (tools/fake-model) serving ``name`` on
+    ``{port}`` (the actuator puts the port in), loaded ``startup_delay`` seconds after it starts."""
+    return [*program, "--port", "{port}", "--model", name, "--startup-delay", str(startup_delay), *options]
+
+
 def fake_model(
     name: str, *, priority: int = 0, group: str = "gpu", startup_delay: float = 0.3, **spec: Any
 ) -> dict[str, Any]:
@@ -213,19 +233,7 @@ def fake_model(
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "gpu": {"shared": group, "priority": priority},
-            "local": {
-                "command": [
-                    "flexinfer-fake-model",
-                    "--port",
-                    "{port}",
-                    "--model",
-                    name,
-                    "--startup-delay",
-                    str(startup_delay),
-                    "--token-delay",
-                    "0.005",
-                ]
-            },
+            "local": {"command": fake_model_command(name, "--token-delay", "0.005", startup_delay=startup_delay)},
             "endpoint": {"readinessPath": "/health"},
         },
     }

@@ -7,6 +7,30 @@ from typing import Any
 FAKE_IMAGE = "ghcr.io/flexinfer/fake-model:test"
 
 
+def controller_reference(owner: dict[str, Any], *, block_owner_deletion: bool = False) -> dict[str, Any]:
+    """The ``ownerReferences`` entry that makes ``owner`` (a stored object) the controller of what carries it."""
+    reference = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }
+    if block_owner_deletion:
+        reference["blockOwnerDeletion"] = True
+    return reference
+
+
+def service(name: str, *, port: int = 8000) -> dict[str, Any]:
+    """A Service in front of the Pods labelled ``app: <name>``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": port}]},
+    }
+
+
 def deployment(
     name: str,
     *,

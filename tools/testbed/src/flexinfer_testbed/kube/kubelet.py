@@ -42,6 +42,7 @@ from typing import Any
 import aiohttp
 
 from flexinfer_cli.embedded import _make_preexec
+from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.errors import ApiError
 from flexinfer_testbed.kube.resources import ResourceType
 from flexinfer_testbed.kube.store import Obj, Store, StoredEvent, format_time, parse_time
@@ -374,16 +375,7 @@ class FakeKubelet:
         pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
         pod_meta["generateName"] = name_prefix
         pod_meta["namespace"] = owner["metadata"]["namespace"]
-        pod_meta["ownerReferences"] = [
-            {
-                "apiVersion": owner["apiVersion"],
-                "kind": owner["kind"],
-                "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        pod_meta["ownerReferences"] = [controller_reference(owner, block_owner_deletion=True)]
         self.store.create(
             self._t("", "v1", "pods"),
             owner["metadata"]["namespace"],

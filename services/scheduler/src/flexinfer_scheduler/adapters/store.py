@@ -125,16 +125,17 @@ def _world_queries(by_name: bool) -> tuple[Select[Any], Select[Any]]:
     return model_query, group_query
 
 
-# The capacity the local actuator discovered (its GPUs), for the v1alpha2 groups that declare none.
-_DISCOVERED = select(GpuInventoryRow.devices, GpuInventoryRow.memory_per_device).where(
-    GpuInventoryRow.backend == LOCAL_BACKEND
-)
-
 _ALL_GROUPS = union(
     select(ModelRow.group_name.label("name")).where(ModelRow.group_name.is_not(None)), select(GroupRow.name)
 ).subquery()
 _GROUP_NAMES = select(func.array_agg(_ALL_GROUPS.c.name))
-_GROUP_COUNT = select(func.count()).select_from(_ALL_GROUPS)  # every group of the machine: machine_capacity
+# The capacity the local actuator discovered (its GPUs), with how many groups the machine has (machine_capacity),
+# in the one round trip of the groups' read.
+_DISCOVERED = select(
+    GpuInventoryRow.devices,
+    GpuInventoryRow.memory_per_device,
+    select(func.count()).select_from(_ALL_GROUPS).scalar_subquery(),
+).where(GpuInventoryRow.backend == LOCAL_BACKEND)
 _MODEL_KEYS = select(func.array_agg(ModelRow.namespace.concat("/").concat(ModelRow.name)))
 
 
@@ -360,7 +361,7 @@ class Store(ManifestStore):
                 found = (await session.execute(_DISCOVERED)).first()
                 if found is None:
                     return rows, None
-                return rows, machine_capacity(Capacity(found[0], found[1]), await session.scalar(_GROUP_COUNT) or 0)
+                return rows, machine_capacity(Capacity(found[0], found[1]), found[2])
 
         async def read_leases() -> dict[str, Lease] | None:
             try:

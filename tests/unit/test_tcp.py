@@ -36,3 +36,12 @@ def test_when_the_ephemeral_range_leaves_no_room_the_os_picks(monkeypatch: pytes
     port = tcp.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_with_a_listener_is_not_free_and_one_closed_a_moment_ago_is() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not tcp.port_is_free(port)
+    assert tcp.port_is_free(port)

@@ -55,7 +55,7 @@ from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from flexinfer_common.tcp import free_port
+from flexinfer_common.tcp import free_port, port_is_free
 
 __all__ = [
     "LOOPBACK",
@@ -88,18 +88,6 @@ class EmbeddedServerError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """True if a server could listen on ``port``. SO_REUSEADDR, like postgres and nats-server use,
-    so TIME_WAIT leftovers of the previous run do not count as "in use"."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def mask_url_password(url: str) -> str:
@@ -477,12 +465,12 @@ class _EmbeddedServer:
 
     def _pick_port(self) -> int:
         if self._requested_port is not None:
-            if not _port_is_free(self._requested_port):
+            if not port_is_free(self._requested_port):
                 raise EmbeddedServerError(
                     f"cannot start embedded {self._name}: {LOOPBACK}:{self._requested_port} is already in use"
                 )
             return self._requested_port
-        if self._port is not None and _port_is_free(self._port):
+        if self._port is not None and port_is_free(self._port):
             return self._port  # restart on the port we had before
         return free_port()
 

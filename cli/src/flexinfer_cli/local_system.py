@@ -18,7 +18,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from flexinfer_cli.supervisor import STOP_TIMEOUT, EmbeddedWatch, Liveness, Serv
 from flexinfer_common.manifests import Resource
 from flexinfer_common.nats_auth import SERVICE_IDENTITIES, Identity, inbox_prefix, redact_url
 from flexinfer_common.settings import ENV_PREFIX, SettingsError, load_settings
+from flexinfer_common.tcp import port_is_free
 
 log = logging.getLogger("flexinfer.up")
 
@@ -108,17 +108,6 @@ def _connect_host(bind_host: str) -> str:
     return bind_host
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def resolve_ports(env: Mapping[str, str], bind_host: str) -> dict[Service, int]:
     """Each service's port (``FLEXINFER_<SERVICE>_PORT``, default from the contract; 0 picks a free one),
     refusing a port that is already taken so two ``up`` runs do not fight over it."""
@@ -130,7 +119,7 @@ def resolve_ports(env: Mapping[str, str], bind_host: str) -> dict[Service, int]:
             raise SettingsProblem(str(exc)) from None
         if port == 0:
             port = free_port()
-        elif not _port_is_free(bind_host or "0.0.0.0", port):
+        elif not port_is_free(port, bind_host or "0.0.0.0"):
             raise UpError(
                 f"port {port} for the {service.value} is already in use ({service.port_variable}); "
                 "is another `flexinfer up` running? Stop it, or choose other ports with FLEXINFER_*_PORT."
@@ -348,7 +337,7 @@ class Up:
             shown = redact_url(nats_url)
             log.info("using NATS at %s (FLEXINFER_NATS_URL)", shown, extra={"nats_url": shown})
         else:
-            preferred = NATS_PREFERRED_PORT if _port_is_free("127.0.0.1", NATS_PREFERRED_PORT) else None
+            preferred = NATS_PREFERRED_PORT if port_is_free(NATS_PREFERRED_PORT) else None
             try:
                 self.nats_passwords = ensure_credentials(self.state_dir)
             except CredentialsError as exc:

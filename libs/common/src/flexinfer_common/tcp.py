@@ -30,8 +30,12 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def _bindable(host: str, port: int) -> bool:
+def port_is_free(port: int, host: str = LOOPBACK, *, time_wait_ok: bool = True) -> bool:
+    """True if a server could listen on ``port`` now. ``time_wait_ok``: with SO_REUSEADDR, as PostgreSQL,
+    nats-server and uvicorn bind, so TIME_WAIT leftovers of an earlier run do not count as "in use"."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        if time_wait_ok:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -46,7 +50,7 @@ def free_port(host: str = LOOPBACK) -> int:
     rng = random.SystemRandom()
     for _ in range(_TRIES):
         port = rng.randint(PICK_FROM, PICK_TO)
-        if not low <= port <= high and _bindable(host, port):
+        if not low <= port <= high and port_is_free(port, host, time_wait_ok=False):
             return port
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

@@ -34,6 +34,7 @@ from flexinfer_common.messages import LeaseEvent, RuntimeStatus
 from flexinfer_testbed.kube_models import gpu_group
 from flexinfer_testbed.system import System, fake_model, running_system, service_environment
 from tests.integration.test_scheduler_policies import members, running, sql
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -582,24 +583,12 @@ async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_
         command_pid = int(pid_file.read_text())
         cli.send_signal(signal.SIGKILL)
         await cli.wait()
-        await wait_for(lambda: _async(not _alive(command_pid)))
+        await wait_for(lambda: _async(not alive(command_pid)))
         leases = (await system.get("lease-manager", "/api/v1/leases"))["items"]
         assert [lease["name"] for lease in leases] == ["trainer-gpu-lease"]
         assert await running(system) == []
         await lapse(database_url, "trainer-gpu-lease")
         await wait_for(lambda: phase_is(system, "a", "Ready"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its parent, which is gone) counts as dead
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 async def small_and_tuned_side_by_side(system: System) -> None:

@@ -24,6 +24,7 @@ from flexinfer_testbed.servers import (
 )
 from tests.support.kube_fixtures import kube, kube_system  # noqa: F401  (the emulated Kubernetes cluster fixtures)
 from tests.support.run_as import suite_run_as
+from tests.support.system import start_system  # noqa: F401  (the whole system on the test's database and NATS)
 
 _OWN_BASETEMP: list[Path] = []
 

@@ -31,7 +31,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from flexinfer_testbed.system import running_system
+from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
 
@@ -101,12 +101,9 @@ def proxy_schema() -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 async def test_every_api_answers_fuzzed_requests_within_its_schema(
-    database_url: str, clean_nats: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], start_system: SystemStarter
 ) -> None:
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
+    async with start_system(
         services=("scheduler", "actuator", "lease-manager", "proxy"),
         admin_token=TOKEN,
         queue_timeout=3,  # a fuzzed request for a model that cannot load waits at most this long
@@ -160,16 +157,8 @@ EDGE_CASES = [
 
 
 @pytest.mark.timeout(300)
-async def test_the_inputs_that_reached_deep_are_refused_at_the_edge(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        services=("scheduler", "lease-manager"),
-        admin_token=TOKEN,
-    ) as system:
+async def test_the_inputs_that_reached_deep_are_refused_at_the_edge(start_system: SystemStarter) -> None:
+    async with start_system(services=("scheduler", "lease-manager"), admin_token=TOKEN) as system:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         failures = []
         for case in EDGE_CASES:

@@ -11,7 +11,6 @@ import functools
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +22,8 @@ from flexinfer_common.bus import BadMessage, decode_demand, decode_json
 from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello, Demand, Route, RuntimeSpec, RuntimeStatus, ScaleCommand
 from flexinfer_common.metrics import BAD_MESSAGES
-from flexinfer_testbed.system import fake_model, running_system
+from flexinfer_testbed.system import fake_model
+from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
 
@@ -79,9 +79,9 @@ def now() -> str:
 
 @pytest.mark.timeout(600)
 async def test_hostile_bus_messages_are_counted_and_the_next_valid_one_is_handled(
-    database_url: str, clean_nats: str, tmp_path: Path
+    clean_nats: str, start_system: SystemStarter
 ) -> None:
-    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+    async with start_system() as system:
         await system.put_model(fake_model("a"))
         import nats
 

@@ -117,24 +117,28 @@ def authorized(servers: TestServers) -> str:
 
 
 class Client_:
-    """A connection as one identity that remembers the server's errors (permission violations)."""
+    """A connection (``nc``) as ``identity`` that remembers the server's errors (permission violations)."""
 
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.nc: Client | None = None
+    def __init__(self, identity: Identity, nc: Client, errors: list[str]) -> None:
+        self.identity = identity
+        self.nc = nc
+        self.errors = errors
 
-    async def connect(self, url: str, identity: Identity) -> Client:
+    @classmethod
+    async def connect(cls, url: str, identity: Identity) -> Client_:
+        errors: list[str] = []
+
         async def on_error(exc: Exception) -> None:
-            self.errors.append(str(exc))
+            errors.append(str(exc))
 
-        self.nc = await nats.connect(
+        nc = await nats.connect(
             identity_url(url, identity),
             inbox_prefix=inbox_prefix(identity),
             error_cb=on_error,
             allow_reconnect=False,
             connect_timeout=2,
         )
-        return self.nc
+        return cls(identity, nc, errors)
 
     def refused(self, what: str, subject: str) -> bool:
         """Whether the server answered ``Permissions Violation for <what> to "<subject>"`` yet (an answer that has not
@@ -148,6 +152,14 @@ async def admin(authorized: str) -> AsyncIterator[Client]:
     nc = await nats.connect(identity_url(authorized, Identity.ADMIN))
     yield nc
     await nc.close()
+
+
+@pytest.fixture(params=[pytest.param(i, id=i.value) for i in Identity])
+async def client(request: pytest.FixtureRequest, authorized: str) -> AsyncIterator[Client_]:
+    """A connection as each identity in turn (a test that takes it runs once for every identity)."""
+    client = await Client_.connect(authorized, request.param)
+    yield client
+    await client.nc.close()
 
 
 class Spy:
@@ -194,49 +206,33 @@ async def attempt(
     return False
 
 
-@pytest.mark.parametrize("identity", [pytest.param(i, id=i.value) for i in Identity])
-async def test_each_identity_publishes_only_its_own_subjects(
-    authorized: str, admin: Client, identity: Identity
-) -> None:
-    client = Client_()
-    nc = await client.connect(authorized, identity)
-    try:
-        outcome: dict[str, bool] = {}
-        for row, subject in PUBLISHES.items():
-            spy = await Spy().start(admin, subject)
-            outcome[row] = await attempt(
-                lambda subject=subject: nc.publish(subject, b'{"forged": true}'),
-                nc,
-                spy,
-                lambda subject=subject: client.refused("Publish", subject),
-            )
-            await spy.stop()
-        assert {row for row, through in outcome.items() if through} == ALLOWED_PUBLISH[identity]
-    finally:
-        await nc.close()
+async def test_each_identity_publishes_only_its_own_subjects(admin: Client, client: Client_) -> None:
+    outcome: dict[str, bool] = {}
+    for row, subject in PUBLISHES.items():
+        spy = await Spy().start(admin, subject)
+        outcome[row] = await attempt(
+            lambda subject=subject: client.nc.publish(subject, b'{"forged": true}'),
+            client.nc,
+            spy,
+            lambda subject=subject: client.refused("Publish", subject),
+        )
+        await spy.stop()
+    assert {row for row, through in outcome.items() if through} == ALLOWED_PUBLISH[client.identity]
 
 
-@pytest.mark.parametrize("identity", [pytest.param(i, id=i.value) for i in Identity])
-async def test_each_identity_subscribes_only_to_its_own_inbox_and_reads(
-    authorized: str, admin: Client, identity: Identity
-) -> None:
-    client = Client_()
-    nc = await client.connect(authorized, identity)
-    try:
-        granted = set()
-        for row, (pattern, sample) in SUBSCRIPTIONS.items():
-            spy = await Spy().start(nc, pattern)
-            if await attempt(
-                lambda sample=sample: admin.publish(sample, b"x"),
-                admin,
-                spy,
-                lambda pattern=pattern: client.refused("Subscription", pattern),
-            ):
-                granted.add(row)
-            await spy.stop()
-        assert granted == ALLOWED_SUBSCRIBE[identity]
-    finally:
-        await nc.close()
+async def test_each_identity_subscribes_only_to_its_own_inbox_and_reads(admin: Client, client: Client_) -> None:
+    granted = set()
+    for row, (pattern, sample) in SUBSCRIPTIONS.items():
+        spy = await Spy().start(client.nc, pattern)
+        if await attempt(
+            lambda sample=sample: admin.publish(sample, b"x"),
+            admin,
+            spy,
+            lambda pattern=pattern: client.refused("Subscription", pattern),
+        ):
+            granted.add(row)
+        await spy.stop()
+    assert granted == ALLOWED_SUBSCRIBE[client.identity]
 
 
 async def test_a_connection_without_the_credentials_is_refused(authorized: str) -> None:

@@ -6,13 +6,13 @@ last one it applied per model and would ignore a lower one as stale)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model
 from tests.integration.test_swap import ProcessTableWatcher, chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -23,10 +23,8 @@ async def phase(system: System, name: str) -> Any:
     return None if status == 404 else body
 
 
-async def test_deleting_the_serving_model_parks_it_before_the_next_one_loads(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+async def test_deleting_the_serving_model_parks_it_before_the_next_one_loads(start_system: SystemStarter) -> None:
+    async with start_system() as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
         status, body, _ = await chat(system, "a", "hello")
@@ -49,10 +47,8 @@ async def test_deleting_the_serving_model_parks_it_before_the_next_one_loads(
         assert status == 404, body
 
 
-async def test_a_model_deleted_and_applied_again_three_times_serves_each_time(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+async def test_a_model_deleted_and_applied_again_three_times_serves_each_time(start_system: SystemStarter) -> None:
+    async with start_system() as system:
         for round_ in range(4):
             await system.put_model(fake_model("a", group="solo-gpu"))
             status, body, _ = await chat(system, "a", f"round {round_}")

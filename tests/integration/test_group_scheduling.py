@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flexinfer_cli.descriptions import describe_group
 from flexinfer_common.admin_api import Group
-from flexinfer_common.bus import Bus
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model
 from tests.integration.test_scheduler_policies import members
 from tests.integration.test_swap import chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -39,14 +38,12 @@ async def put_gpugroup(system: System, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 async def test_a_group_declared_seed_keeps_its_quiet_holder_while_a_flexinfer_group_yields(
-    database_url: str, bus: Bus, tmp_path: Path
+    start_system: SystemStarter,
 ) -> None:
     # A 2 s demand window and a 1 s quiet period keep the flexinfer yield quick: a holder quiet for 1 s and not asked
     # for 2 s yields to a waiting model, whatever its priority. The seed never lets a lower priority in while the
     # holder is loaded ("Lower-Priority Model Never Activates"), until the holder's idle timeout (5 m here).
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=2, quiet_yield=1
-    ) as system:
+    async with start_system(shared_demand_window=2, quiet_yield=1) as system:
         status, body = await put_gpugroup(system, declaration("seedy", "seed"))
         assert status == 201, body
         status, body = await put_gpugroup(system, declaration("seedy", "Seed"))

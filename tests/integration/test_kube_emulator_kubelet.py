@@ -5,7 +5,6 @@ stops pods gracefully."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from kubernetes import client
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, in_thread, running_cluster
 from flexinfer_testbed.kube.builders import deployment
 from flexinfer_testbed.kube.store import EventType, StoredEvent
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.emulator
 
@@ -74,19 +74,11 @@ async def test_scale_up_serves_http_on_the_pod_ip_and_scale_down_terminates(kube
     await scale(kube, "chat", 0)
     await kube.wait_for(lambda: not kube.pods("app=chat"), message="the pod to go")
     assert ("MODIFIED", True) in seen and seen[-1] == ("DELETED", True)  # Terminating, then gone
-    assert not _alive(pid)
+    assert not alive(pid)
     final = await kube.wait_for(
         lambda: (d := kube.get("deployments", "chat")) and "readyReplicas" not in d["status"] and d["status"]
     )
     assert "replicas" not in final
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 async def test_second_gpu_pod_waits_unschedulable_until_the_first_is_gone(kube: KubeCluster) -> None:
@@ -291,10 +283,10 @@ async def test_graceful_deletion_sigterm_grace_then_sigkill(kube: KubeCluster) -
     assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 1
     terminating = kube.get("pods", "stubborn")
     assert terminating is not None and terminating["metadata"]["deletionTimestamp"]
-    assert _alive(pid)
+    assert alive(pid)
     await kube.wait_for(lambda: kube.get("pods", "stubborn") is None, message="the pod to go")
     assert loop.time() - started >= 0.9  # it ignored SIGTERM: only the SIGKILL after the grace period ended it
-    assert not _alive(pid)
+    assert not alive(pid)
     assert any(e.type == EventType.DELETED for e in kube.store.history if e.obj["metadata"]["name"] == "stubborn")
 
 
@@ -305,7 +297,7 @@ async def test_kubectl_shows_terminating_and_force_deletes(kube: KubeCluster) ->
     assert re.search(r"stubborn\s+1/1\s+Terminating", table)
     (await kube.kubectl("delete", "pod", "stubborn", "--grace-period=0", "--force")).check()
     assert kube.get("pods", "stubborn") is None  # removed at once, whatever the process does
-    await kube.wait_for(lambda: not _alive(pid), message="the process to be killed")
+    await kube.wait_for(lambda: not alive(pid), message="the process to be killed")
 
 
 async def test_grace_period_zero_removes_the_pod_at_once(kube: KubeCluster) -> None:
@@ -371,8 +363,8 @@ async def test_closing_the_cluster_kills_every_container_process(tmp_path: Path)
         await in_thread(apps.create_namespaced_deployment, NS, deployment("chat", replicas=1))
         (pod,) = await kube.wait_for(lambda: kube.ready_pods("app=chat"))
         pid = int(container_status(pod)["containerID"].removeprefix("fake://"))
-        assert _alive(pid)
-    assert not _alive(pid)
+        assert alive(pid)
+    assert not alive(pid)
 
 
 async def test_init_containers_env_and_variable_expansion(kube: KubeCluster) -> None:
@@ -419,4 +411,4 @@ async def test_deleting_a_namespace_stops_and_removes_everything_in_it(kube: Kub
     await in_thread(core.delete_namespace, "team")
     await kube.wait_for(lambda: kube.get("namespaces", "team") is None, message="the namespace to go")
     assert kube.list("deployments", namespace="team") == [] and kube.pods(namespace="team") == []
-    assert not _alive(pid)
+    assert not alive(pid)

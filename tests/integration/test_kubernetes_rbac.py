@@ -13,10 +13,10 @@ import pytest
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
 from flexinfer_testbed.kube.builders import service
 from flexinfer_testbed.kube_models import add_model, create, gpu_group, known, model_deployment, model_resource
-from flexinfer_testbed.system import running_system
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
 from tests.integration.test_kubernetes_rendering import model as rendering_model
 from tests.integration.test_kubernetes_rendering import rendering_options
+from tests.support.system import SystemStarter
 from tests.unit.test_charts import chart_dir, render
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
@@ -37,12 +37,10 @@ def chart_permissions() -> set[Permission]:
     return granted
 
 
-async def test_the_chart_grants_exactly_what_the_actuator_calls(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_the_chart_grants_exactly_what_the_actuator_calls(tmp_path: Path, start_system: SystemStarter) -> None:
     # Several models at once (two groups and a rendered solo model): a node with enough GPUs for all.
     async with running_cluster(tmp_path / "kube", node=NodeConfig(capacity={"nvidia.com/gpu": 4})) as kube:
-        await exercise_everything(kube, database_url, clean_nats, tmp_path)
+        await exercise_everything(kube, start_system, tmp_path)
         called = {
             (c.api_group, c.resource_path, c.verb)
             for c in kube.calls()
@@ -53,7 +51,7 @@ async def test_the_chart_grants_exactly_what_the_actuator_calls(
     assert granted - called == set(), f"rules the code never needs: {sorted(granted - called)}"
 
 
-async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path) -> None:
+async def exercise_everything(kube: KubeCluster, start_system: SystemStarter, tmp_path: Path) -> None:
     for name in ("a", "b"):
         await create(kube, service(name))
     await add_model(kube, "a", priority=10, serviceLabels=["chat"])
@@ -75,9 +73,7 @@ async def exercise_everything(kube: KubeCluster, database_url: str, clean_nats: 
     await create(kube, {**rendering_model("r", **rendered)})
     kube.inject_conflicts(1, resource="models", subresource="status")
     kube.inject_conflicts(1, resource="gpugroups", subresource="status")
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig, **options
-    ) as system:
+    async with start_system(kubeconfig=kube.kubeconfig, **options) as system:
         await kube.wait_for(lambda: kube.get("deployments", "r"), message="r rendered")
         await known(system, "r")
         status, _, _ = await chat(system, "r", "hi")

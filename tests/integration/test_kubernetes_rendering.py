@@ -21,9 +21,10 @@ from flexinfer_actuator.flash_loader import MARKER
 from flexinfer_testbed.kube import KubeCluster, NodeConfig, running_cluster
 from flexinfer_testbed.kube.store import PatchType
 from flexinfer_testbed.kube_models import create, gpu_group, known
-from flexinfer_testbed.system import System, running_system
+from flexinfer_testbed.system import System
 from tests.integration.test_kubernetes_mode import chat, events_for, status_of
 from tests.support.kube_fixtures import KubeSystem
+from tests.support.system import SystemStarter
 
 pytestmark = [pytest.mark.integration, pytest.mark.emulator]
 
@@ -197,9 +198,7 @@ async def idle_past_the_demand_window(system: System, group: str, name: str, win
         await asyncio.sleep(0.05)
 
 
-async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(tmp_path: Path, start_system: SystemStarter) -> None:
     # Sleeping models keep their Pod (and its GPU request): on a real node that takes GPU sharing (the device
     # plugin's time-slicing); here a node with four (two groups, one sleeper each).
     async with running_cluster(tmp_path / "kube", node=NodeConfig(capacity={"nvidia.com/gpu": 4})) as kube:
@@ -208,13 +207,8 @@ async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
         await create(kube, model("b", backend="fake", gpu=sleep))
         await create(kube, model("c", backend="fake-no-sleep", gpu={**sleep, "shared": "other"}))
         await create(kube, model("d", backend="fake", gpu={**sleep, "shared": "other"}))
-        async with running_system(
-            database_url=database_url,
-            nats_url=clean_nats,
-            state_dir=tmp_path,
-            kubeconfig=kube.kubeconfig,
-            shared_demand_window=0.5,
-            **rendering_options(tmp_path),
+        async with start_system(
+            kubeconfig=kube.kubeconfig, shared_demand_window=0.5, **rendering_options(tmp_path)
         ) as system:
             await known(system, "a", "b", "c", "d")
             status, _, headers = await chat(system, "a", "first")
@@ -251,7 +245,7 @@ async def test_sleep_parking_keeps_the_pod_and_wakes_it_warm(
 
 
 async def test_co_resident_models_share_one_card_through_its_replicas(
-    database_url: str, clean_nats: str, tmp_path: Path
+    tmp_path: Path, start_system: SystemStarter
 ) -> None:
     # A one-GPU node whose device plugin shares the card (time-slicing with renameByDefault: true): it advertises
     # two replicas, nvidia.com/gpu.shared, and no whole nvidia.com/gpu. Three small models of a 24 GB group: all
@@ -268,13 +262,7 @@ async def test_co_resident_models_share_one_card_through_its_replicas(
             await create(kube, model(name, backend="fake", gpu=gpu, kubernetes=on_the_box))
         # One that names no node: refused with a status saying what to set, never left to land anywhere.
         await create(kube, model("stray", backend="fake", gpu={"shared": "homelab-gpu", "memory": "1Gi"}))
-        async with running_system(
-            database_url=database_url,
-            nats_url=clean_nats,
-            state_dir=tmp_path,
-            kubeconfig=kube.kubeconfig,
-            **rendering_options(tmp_path),
-        ) as system:
+        async with start_system(kubeconfig=kube.kubeconfig, **rendering_options(tmp_path)) as system:
             for name in ("chat", "coder", "embed"):
                 deployment = await kube.wait_for(lambda n=name: kube.get("deployments", n), message=f"{name} rendered")
                 pod = deployment["spec"]["template"]["spec"]

@@ -13,7 +13,6 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +22,10 @@ from flexinfer_common.bus import Bus
 from flexinfer_testbed.kube import KubeCluster
 from flexinfer_testbed.kube.builders import controller_reference
 from flexinfer_testbed.kube.store import StoredEvent
-from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model, running_system
+from flexinfer_testbed.system import KUBERNETES_TIMINGS, System, fake_model
 from tests.integration.test_leases import Recorder, all_parked_by, chat, phase_is, small_and_tuned_side_by_side
 from tests.integration.test_scheduler_policies import running
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 from tests.unit.test_charts import chart_dir, render
 
@@ -64,15 +64,9 @@ class Watcher(Recorder):
 
 
 @contextlib.asynccontextmanager
-async def lease_system(kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
+async def lease_system(kube: KubeCluster, start_system: SystemStarter) -> AsyncIterator[System]:
     """The scheduler, the local actuator and the lease manager in Kubernetes mode against the emulator."""
-    async with running_system(
-        database_url=database_url,
-        nats_url=bus.url,
-        state_dir=tmp_path,
-        services=SERVICES,
-        lease_manager=lease_manager_settings(kube),
-    ) as system:
+    async with start_system(services=SERVICES, lease_manager=lease_manager_settings(kube)) as system:
         yield system
 
 
@@ -136,10 +130,10 @@ async def serving(system: System) -> bool:
 
 
 async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_parked_and_its_end_restores_serving(
-    kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
+    kube: KubeCluster, bus: Bus, start_system: SystemStarter
 ) -> None:
     watcher = await Watcher.watching(bus, kube)
-    async with lease_system(kube, database_url, bus, tmp_path) as system:
+    async with lease_system(kube, start_system) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
         await wait_for(lambda: serving(system))
@@ -219,10 +213,10 @@ async def test_a_finetune_job_of_a_modelcache_starts_only_once_the_group_is_park
 
 
 async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_releases_and_rbac_matches_the_calls(
-    kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
+    kube: KubeCluster, bus: Bus, start_system: SystemStarter
 ) -> None:
     watcher = await Watcher.watching(bus, kube)
-    async with lease_system(kube, database_url, bus, tmp_path) as system:
+    async with lease_system(kube, start_system) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: serving(system))
 
@@ -374,18 +368,12 @@ async def test_jobs_legacy_configmaps_and_gpuleases_are_leases_their_deletion_re
 
 
 async def test_a_gpulease_with_memory_written_with_kubectl_parks_only_what_must_go_and_one_too_large_waits(
-    kube: KubeCluster, database_url: str, bus: Bus, tmp_path: Path
+    kube: KubeCluster, start_system: SystemStarter
 ) -> None:
     """A group with a capacity (one 24Gi device) holds two models; a GPULease written with kubectl with
     ``memory: 8Gi`` parks only the cheaper one, shows the device in ``kubectl get gpuleases -o wide``, and one asking
     more than a device holds is never acquired (Pending, an InvalidSpec Event), as the REST API refuses it."""
-    async with running_system(
-        database_url=database_url,
-        nats_url=bus.url,
-        state_dir=tmp_path,
-        services=(*SERVICES, "proxy"),
-        lease_manager=lease_manager_settings(kube),
-    ) as system:
+    async with start_system(services=(*SERVICES, "proxy"), lease_manager=lease_manager_settings(kube)) as system:
         await small_and_tuned_side_by_side(system)
 
         def manifest(name: str, memory: str) -> dict[str, Any]:

@@ -32,8 +32,10 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.manifests import load_manifests
 from flexinfer_common.messages import LeaseEvent, RuntimeStatus
 from flexinfer_testbed.kube_models import gpu_group
-from flexinfer_testbed.system import System, fake_model, running_system, service_environment
+from flexinfer_testbed.system import System, fake_model, service_environment
 from tests.integration.test_scheduler_policies import members, running, sql
+from tests.support.processes import alive
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -106,12 +108,9 @@ async def leases_as_written(system: System) -> list[dict[str, Any]]:
 
 
 @contextlib.asynccontextmanager
-async def serving_a(database_url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[System]:
+async def serving_a(start_system: SystemStarter) -> AsyncIterator[System]:
     """The scheduler, the actuator and the lease manager, with model ``a`` of group ``gpu`` Ready."""
-    services = ("scheduler", "actuator", "lease-manager")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
+    async with start_system(services=("scheduler", "actuator", "lease-manager")) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: phase_is(system, "a", "Ready"))
         yield system
@@ -125,12 +124,12 @@ async def chat(proxy: str, model: str) -> tuple[int, dict[str, str]]:
 
 
 async def test_an_acquire_answers_only_once_every_member_is_parked_and_a_release_re_promotes_serving(
-    database_url: str, bus: Bus, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    bus: Bus, caplog: pytest.LogCaptureFixture, start_system: SystemStarter
 ) -> None:
     caplog.set_level(logging.INFO)  # every log line on these paths is made (a bad one would break the reconcile)
     recorder = Recorder()
     await recorder.start(bus)
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
+    async with start_system(services=ALL) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
         await wait_for(lambda: phase_is(system, "a", "Ready"))
@@ -222,12 +221,10 @@ async def _async(value: Any) -> Any:
 
 
 async def test_a_lease_beats_force_promotion_and_a_promote_call_and_a_lease_read_error_fails_open(
-    database_url: str, bus: Bus, tmp_path: Path
+    database_url: str, start_system: SystemStarter
 ) -> None:
     services = ("scheduler", "actuator", "lease-manager")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
+    async with start_system(services=services) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(
             fake_model("b", priority=5, gpu={"shared": "gpu", "priority": 5, "forcePromotion": True})
@@ -267,12 +264,10 @@ async def test_a_lease_beats_force_promotion_and_a_promote_call_and_a_lease_read
 
 
 async def test_bad_lease_calls_get_a_4xx_naming_the_problem_and_change_nothing(
-    database_url: str, bus: Bus, tmp_path: Path
+    database_url: str, start_system: SystemStarter
 ) -> None:
     services = ("scheduler", "lease-manager")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
+    async with start_system(services=services) as system:
         await system.put_model(fake_model("a"))
         await system.put_model(fake_model("k", group="lab"))
         status, held = await acquire(system, {"group": "gpu", "owner": "trainer", "ttlSeconds": 600})
@@ -473,14 +468,12 @@ async def lapse(database_url: str, name: str) -> None:
 
 
 async def test_a_dead_lease_manager_strands_nothing_its_lease_lapses_at_its_ttl(
-    database_url: str, bus: Bus, tmp_path: Path, lease_manager_processes: list[LeaseManagerProcess]
+    database_url: str, bus: Bus, lease_manager_processes: list[LeaseManagerProcess], start_system: SystemStarter
 ) -> None:
     recorder = Recorder()
     await recorder.start(bus)
     services = ("scheduler", "actuator")
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=services
-    ) as system:
+    async with start_system(services=services) as system:
         await system.put_model(fake_model("a"))
         await wait_for(lambda: phase_is(system, "a", "Ready"))
         manager = await LeaseManagerProcess.start(database_url, bus.url)
@@ -508,9 +501,7 @@ async def test_a_dead_lease_manager_strands_nothing_its_lease_lapses_at_its_ttl(
         assert time.monotonic() - started < 10
 
     # A lease manager that starts again finds the lapsed lease and ends it.
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=("lease-manager",)
-    ) as again:
+    async with start_system(services=("lease-manager",)) as again:
         await recorder.last_kind("trainer-gpu-lease", "lease.expired")
         assert (await again.get("lease-manager", "/api/v1/leases"))["items"] == []
 
@@ -547,9 +538,9 @@ time.sleep(120)
 
 
 async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_leaves_it_to_the_ttl(
-    database_url: str, bus: Bus, tmp_path: Path
+    database_url: str, tmp_path: Path, start_system: SystemStarter
 ) -> None:
-    async with serving_a(database_url, bus, tmp_path) as system:
+    async with serving_a(start_system) as system:
         env = {"FLEXINFER_LEASE_MANAGER_URL": system.url("lease-manager")}
         run = ("lease", "run", "--group", "gpu", "--owner", "trainer", "--ttl", "60s", "--")
 
@@ -582,24 +573,12 @@ async def test_lease_run_releases_however_the_command_ends_and_a_killed_wrapper_
         command_pid = int(pid_file.read_text())
         cli.send_signal(signal.SIGKILL)
         await cli.wait()
-        await wait_for(lambda: _async(not _alive(command_pid)))
+        await wait_for(lambda: _async(not alive(command_pid)))
         leases = (await system.get("lease-manager", "/api/v1/leases"))["items"]
         assert [lease["name"] for lease in leases] == ["trainer-gpu-lease"]
         assert await running(system) == []
         await lapse(database_url, "trainer-gpu-lease")
         await wait_for(lambda: phase_is(system, "a", "Ready"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its parent, which is gone) counts as dead
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 async def small_and_tuned_side_by_side(system: System) -> None:
@@ -617,14 +596,14 @@ async def small_and_tuned_side_by_side(system: System) -> None:
 
 
 async def test_a_lease_with_memory_parks_only_the_model_that_must_go_and_a_release_lets_it_back(
-    database_url: str, bus: Bus, tmp_path: Path
+    bus: Bus, start_system: SystemStarter
 ) -> None:
     """In a group with a capacity (one 24Gi device) holding two small models, a lease with ``memory: 8Gi`` parks
     only the cheaper one (12Gi free is enough), the other keeps serving, and the release lets the parked one load
     again beside it."""
     recorder = Recorder()
     await recorder.start(bus)
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path, services=ALL) as system:
+    async with start_system(services=ALL) as system:
         await small_and_tuned_side_by_side(system)
 
         # More than one device holds, or not a quantity: refused, naming memory, and nothing parks.

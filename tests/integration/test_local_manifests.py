@@ -6,12 +6,12 @@ backend preset (issue 25)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flexinfer_testbed.system import fake_model, running_system
+from flexinfer_testbed.system import fake_model
+from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +26,9 @@ pytestmark = pytest.mark.integration
     ],
 )
 async def test_a_manifest_env_off_the_allow_list_is_refused_naming_the_variable(
-    database_url: str, clean_nats: str, tmp_path: Path, env: dict[str, str], status: int, named: str
+    env: dict[str, str], status: int, named: str, start_system: SystemStarter
 ) -> None:
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, services=("scheduler",)
-    ) as system:
+    async with start_system(services=("scheduler",)) as system:
         assert system.http is not None
         manifest: dict[str, Any] = fake_model("m")
         manifest["spec"]["local"]["env"] = env
@@ -47,10 +45,8 @@ async def test_a_manifest_env_off_the_allow_list_is_refused_naming_the_variable(
                 assert resp.status == 404  # nothing stored
 
 
-async def test_a_model_with_a_backend_and_no_command_runs_its_preset(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+async def test_a_model_with_a_backend_and_no_command_runs_its_preset(start_system: SystemStarter) -> None:
+    async with start_system() as system:
         assert system.http is not None
         manifest = {
             "apiVersion": "ai.flexinfer/v1alpha2",

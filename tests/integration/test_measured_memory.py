@@ -6,7 +6,6 @@ shared group without a declared capacity gets it, and once the model is Ready wh
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +14,9 @@ from flexinfer_actuator import main as actuator_main
 from flexinfer_actuator.domain.gpu_memory import GpuDevice, ProcessMemory
 from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
-from flexinfer_testbed.system import fake_model, running_system
+from flexinfer_testbed.system import fake_model
 from tests.integration.test_swap import chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -43,7 +43,7 @@ class FakeGpu:
 
 
 async def test_a_models_measured_memory_reaches_its_status_and_the_group_gets_the_cards_capacity(
-    database_url: str, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bus: Bus, monkeypatch: pytest.MonkeyPatch, start_system: SystemStarter
 ) -> None:
     gpu = FakeGpu()
     monkeypatch.setattr(actuator_main, "open_gpu_memory", lambda: gpu)
@@ -54,9 +54,7 @@ async def test_a_models_measured_memory_reaches_its_status_and_the_group_gets_th
 
     subscription = await bus.nc.subscribe(subjects.EVENTS_PREFIX + ".model.>", cb=on_event)
     try:
-        async with running_system(
-            database_url=database_url, nats_url=bus.url, state_dir=tmp_path, gpu_memory_interval=0.2
-        ) as system:
+        async with start_system(gpu_memory_interval=0.2) as system:
             model = fake_model("chat", priority=10)
             model["spec"]["gpu"]["memory"] = "4Gi"
             await system.put_model(model)

@@ -8,15 +8,15 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from flexinfer_testbed.system import TIMINGS, _ready, fake_model, running_system
+from flexinfer_testbed.system import TIMINGS, _ready, fake_model
 from tests.support.chat import post_chat as chat
+from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +50,9 @@ async def extra_proxy(nats_url: str, *, instance_id: str, **overrides: Any) -> A
 
 
 async def test_two_proxy_replicas_share_one_scheduler_and_a_restarted_one_routes_at_once(
-    database_url: str, clean_nats: str, tmp_path: Path
+    clean_nats: str, start_system: SystemStarter
 ) -> None:
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=1
-    ) as system:
+    async with start_system(shared_demand_window=1) as system:
         await system.put_model(shared_model("a"))
         await system.put_model(shared_model("b"))
         async with (
@@ -84,7 +82,7 @@ async def test_two_proxy_replicas_share_one_scheduler_and_a_restarted_one_routes
 
 
 async def test_a_proxy_restarted_with_the_same_instance_id_has_its_new_demand_acted_on(
-    database_url: str, clean_nats: str, tmp_path: Path
+    clean_nats: str, start_system: SystemStarter
 ) -> None:
     """A pod restarts under the same name: its new demand messages must not look like its old ones (JetStream's
     de-duplication and the scheduler's processed-message table would drop them, and its requests would end in
@@ -92,9 +90,7 @@ async def test_a_proxy_restarted_with_the_same_instance_id_has_its_new_demand_ac
     a dropped one would show as a 504."""
     quiet = {"demand_refresh_interval": 600, "queue_timeout": 30}
     # One message keeps a demand alive for the window: 3 s, so a scheduler slowed by a loaded machine still sees it.
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=3
-    ) as system:
+    async with start_system(shared_demand_window=3) as system:
         await system.put_model(shared_model("a"))
         await system.put_model(shared_model("b"))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -125,19 +121,10 @@ async def idle_past_demand_window(system: Any, model: str, *, window: float) -> 
 
 
 @pytest.mark.timeout(120)
-async def test_load_1000_concurrent_requests_over_three_models_with_swaps(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
+async def test_load_1000_concurrent_requests_over_three_models_with_swaps(start_system: SystemStarter) -> None:
     """Every request is answered 2xx or a documented 429/504; none is lost or reset."""
     models = ("a", "b", "c")
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        shared_demand_window=1,
-        queue_max=2000,
-        queue_timeout=TIMINGS["queue_timeout"],
-    ) as system:
+    async with start_system(shared_demand_window=1, queue_max=2000, queue_timeout=TIMINGS["queue_timeout"]) as system:
         for name in models:
             await system.put_model(shared_model(name))
         connector = aiohttp.TCPConnector(limit=0)

@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
-from flexinfer_testbed.system import TIMINGS, System, fake_model, running_system
+from flexinfer_testbed.system import TIMINGS, System, fake_model
 from tests.integration.test_swap import ProcessTableWatcher, chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -113,18 +114,12 @@ async def group_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 
 async def test_scheduler_killed_mid_swap_resumes_it_on_restart(
-    database_url: str, clean_nats: str, tmp_path: Path, scheduler_processes: Callable[[], SchedulerProcess]
+    scheduler_processes: Callable[[], SchedulerProcess], start_system: SystemStarter
 ) -> None:
     first = scheduler_processes()
     first.start()
     await wait_http(first.url)
-    async with running_system(
-        database_url=database_url,
-        nats_url=clean_nats,
-        state_dir=tmp_path,
-        services=("actuator", "proxy"),
-        shared_demand_window=1,
-    ) as system:
+    async with start_system(services=("actuator", "proxy"), shared_demand_window=1) as system:
         http = system.http
         assert http is not None
         for manifest in (fake_model("a", priority=10), fake_model("b", priority=10, startup_delay=3)):
@@ -169,7 +164,7 @@ async def test_scheduler_killed_mid_swap_resumes_it_on_restart(
 
 
 async def test_two_replicas_one_leads_and_the_other_takes_over_when_it_dies(
-    database_url: str, clean_nats: str, tmp_path: Path, scheduler_processes: Callable[[], SchedulerProcess]
+    scheduler_processes: Callable[[], SchedulerProcess], start_system: SystemStarter
 ) -> None:
     one, two = scheduler_processes(), scheduler_processes()
     one.start()
@@ -186,9 +181,7 @@ async def test_two_replicas_one_leads_and_the_other_takes_over_when_it_dies(
         follower = two if leader is one else one
         assert await follower.metric(http, "flexinfer_scheduler_leader") == 0.0
 
-        async with running_system(
-            database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, services=("actuator",)
-        ) as system:
+        async with start_system(services=("actuator",)) as system:
             for manifest in (fake_model("a", priority=10),):
                 async with http.put(f"{follower.url}/api/v1/models/default/a", json=manifest) as r:
                     assert r.status == 201  # any replica serves the admin API

@@ -4,7 +4,6 @@ the real scheduler and actuator on NATS and Postgres."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -15,7 +14,8 @@ from flexinfer_common.bus import Bus
 from flexinfer_common.messages import Demand
 from flexinfer_common.subjects import demand_subject
 from flexinfer_testbed.kube_models import gpu_group
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -46,9 +46,9 @@ async def demand(bus: Bus, model: str, queued: int) -> None:
 
 
 async def test_a_gpu_lease_parks_every_member_and_its_end_re_promotes_serving(
-    database_url: str, bus: Bus, tmp_path: Path
+    database_url: str, start_system: SystemStarter
 ) -> None:
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+    async with start_system() as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
         await wait_for(lambda: _phase_is(system, "a", "Ready"))
@@ -80,8 +80,8 @@ async def test_a_gpu_lease_parks_every_member_and_its_end_re_promotes_serving(
         assert await running(system) == ["c"]
 
 
-async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, bus: Bus, tmp_path: Path) -> None:
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, start_system: SystemStarter) -> None:
+    async with start_system() as system:
         await sql(database_url, "ALTER TABLE leases RENAME TO leases_unreadable")
         try:
             await system.put_model(fake_model("a", priority=10))
@@ -95,8 +95,8 @@ async def test_a_lease_read_error_fails_open_toward_serving(database_url: str, b
             await sql(database_url, "ALTER TABLE leases_unreadable RENAME TO leases")
 
 
-async def test_v1alpha1_gpugroup_queue_threshold_and_priority(database_url: str, bus: Bus, tmp_path: Path) -> None:
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+async def test_v1alpha1_gpugroup_queue_threshold_and_priority(bus: Bus, start_system: SystemStarter) -> None:
+    async with start_system() as system:
         group = gpu_group(
             "g1",
             models=[{"name": "a", "priority": 10}, {"name": "b", "priority": 20}],
@@ -140,12 +140,12 @@ async def _nothing_runs(system: System) -> bool:
 
 
 async def test_a_gpugroup_that_would_move_a_serving_model_is_refused_until_the_model_is_parked(
-    database_url: str, bus: Bus, tmp_path: Path
+    start_system: SystemStarter,
 ) -> None:
     """Issue 22: a GPUGroup created, changed or deleted through the admin API while a model it would move still
     holds its group's GPU is refused with 409 naming the model and both groups, and nothing changes (the model
     keeps serving in its group); once the model is parked the same call goes through."""
-    async with running_system(database_url=database_url, nats_url=bus.url, state_dir=tmp_path) as system:
+    async with start_system() as system:
         manifest = fake_model("a")
         del manifest["spec"]["gpu"]  # no spec.gpu.shared: a group of its own, or the GPUGroup that lists it
         await system.put_model(manifest)

@@ -6,15 +6,15 @@ import asyncio
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from flexinfer_common.bus import Bus
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model
 from tests.support.chat import Answer, post_chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -88,12 +88,8 @@ def assert_each_answered_cold(results: list[Answer], model: str) -> list[int]:
     return numbers
 
 
-async def test_request_for_b_is_answered_by_b_after_a_was_parked(
-    database_url: str, clean_nats: str, tmp_path: Path
-) -> None:
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, shared_demand_window=1.5
-    ) as system:
+async def test_request_for_b_is_answered_by_b_after_a_was_parked(start_system: SystemStarter) -> None:
+    async with start_system(shared_demand_window=1.5) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=10))
 
@@ -145,12 +141,10 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(
 
 
 async def test_malformed_demand_is_counted_and_the_next_good_one_works(
-    database_url: str, clean_nats: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    clean_nats: str, caplog: pytest.LogCaptureFixture, start_system: SystemStarter
 ) -> None:
     caplog.set_level(logging.WARNING, logger="flexinfer.bus")
-    async with running_system(
-        database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, services=("scheduler",)
-    ) as system:
+    async with start_system(services=("scheduler",)) as system:
         await system.put_model(fake_model("a", priority=100))
         await system.put_model(fake_model("b", priority=1))
         bus = Bus(clean_nats, name="external-producer")
@@ -183,8 +177,8 @@ async def test_malformed_demand_is_counted_and_the_next_good_one_works(
         assert any("not JSON" in r for r in reasons) and any("queued" in r for r in reasons)
 
 
-async def test_unknown_model_is_404_and_bad_manifest_is_422(database_url: str, clean_nats: str, tmp_path: Path) -> None:
-    async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path) as system:
+async def test_unknown_model_is_404_and_bad_manifest_is_422(start_system: SystemStarter) -> None:
+    async with start_system() as system:
         status, body, _ = await chat(system, "nope", "hi")
         assert status == 404 and body["error"]["code"] == "model_not_found"
         assert system.http is not None

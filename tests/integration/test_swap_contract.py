@@ -23,8 +23,9 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_testbed.kube import KubeCluster, running_cluster
 from flexinfer_testbed.kube_models import PodsRecorder, add_model
-from flexinfer_testbed.system import System, fake_model, running_system
+from flexinfer_testbed.system import System, fake_model
 from tests.integration.test_swap import ProcessTableWatcher, assert_each_answered_cold, chat, requests_in_turn
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -107,18 +108,16 @@ class KubernetesBackend:
 
 @pytest.fixture(params=["local", pytest.param("kubernetes", marks=pytest.mark.emulator)])
 async def backend(
-    request: pytest.FixtureRequest, database_url: str, clean_nats: str, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, start_system: SystemStarter
 ) -> AsyncIterator[Backend]:
     options: dict[str, Any] = {"shared_demand_window": 1.5}
     if request.param == "local":
-        async with running_system(database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, **options) as s:
+        async with start_system(**options) as s:
             yield LocalBackend(s)
         return
     async with (
         running_cluster(tmp_path / "kube") as kube,
-        running_system(
-            database_url=database_url, nats_url=clean_nats, state_dir=tmp_path, kubeconfig=kube.kubeconfig, **options
-        ) as s,
+        start_system(kubeconfig=kube.kubeconfig, **options) as s,
     ):
         yield KubernetesBackend(s, kube)
 

@@ -6,25 +6,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
-from flexinfer_common.bus import Bus
-from flexinfer_testbed.system import fake_model, running_system
+from flexinfer_testbed.system import fake_model
 from tests.integration.test_scheduler_policies import members, running
 from tests.integration.test_swap import chat
+from tests.support.system import SystemStarter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-async def test_rollout_restart_deadlock(database_url: str, bus: Bus, tmp_path: Path) -> None:
+async def test_rollout_restart_deadlock(start_system: SystemStarter) -> None:
     """The Active model's process dies (as in a rollout restart). The group must not stay at zero running models
     while a request waits: the request is answered once the model is loaded again."""
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=1
-    ) as system:
+    async with start_system(shared_demand_window=1) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=5))
 
@@ -49,13 +46,11 @@ async def test_rollout_restart_deadlock(database_url: str, bus: Bus, tmp_path: P
         assert restarted["pid"] != process["pid"]
 
 
-async def test_demand_signal_not_being_detected(database_url: str, bus: Bus, tmp_path: Path) -> None:
+async def test_demand_signal_not_being_detected(start_system: SystemStarter) -> None:
     """The seed's demand expired after one signal. Here a waiting request keeps demand alive past the demand
     window (1 s in this test), so the waiting model is loaded once the busy incumbent goes idle — 3 s later (b's
     maxWait is longer than that, so the bounded wait plays no part here)."""
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=1
-    ) as system:
+    async with start_system(shared_demand_window=1) as system:
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=10, gpu={"shared": "gpu", "priority": 10, "maxWait": "60s"}))
 
@@ -78,16 +73,12 @@ async def test_demand_signal_not_being_detected(database_url: str, bus: Bus, tmp
         assert int(headers["X-FlexInfer-Queue-Wait-Ms"]) >= 3000
 
 
-async def test_a_busy_model_no_longer_starves_an_equal_priority_one(
-    database_url: str, bus: Bus, tmp_path: Path
-) -> None:
+async def test_a_busy_model_no_longer_starves_an_equal_priority_one(start_system: SystemStarter) -> None:
     """Issue 11's starvation, live: two clients loop on a; one request for b (same priority) is served within b's
     bound (maxWait 2 s here) plus a drain and a load, not after the queue timeout. a's requests in flight finish
     (the drain), and those sent meanwhile wait for a's turn (a short cooldown and bound here): none fails."""
     gpu = {"shared": "gpu", "priority": 10, "maxWait": "2s", "swapCooldown": "1s"}
-    async with running_system(
-        database_url=database_url, nats_url=bus.url, state_dir=tmp_path, shared_demand_window=30
-    ) as system:
+    async with start_system(shared_demand_window=30) as system:
         await system.put_model(fake_model("a", gpu=gpu))
         await system.put_model(fake_model("b", gpu=gpu))
 

@@ -11,7 +11,8 @@ import pytest
 
 from flexinfer_testbed.kube.cluster import KubeCluster, running_cluster
 from flexinfer_testbed.kube_models import PodsRecorder, add_model
-from flexinfer_testbed.system import System, running_system
+from flexinfer_testbed.system import System
+from tests.support.system import SystemStarter
 
 
 @pytest.fixture
@@ -28,17 +29,12 @@ KubeSystem = Callable[..., contextlib.AbstractAsyncContextManager[System]]
 
 
 @pytest.fixture
-def kube_system(kube: KubeCluster, database_url: str, clean_nats: str, tmp_path: Path) -> KubeSystem:
-    """Starts the whole system in Kubernetes mode against ``kube``, on this test's database and NATS."""
+def kube_system(kube: KubeCluster, start_system: SystemStarter) -> KubeSystem:
+    """Starts the whole system in Kubernetes mode against ``kube``: ``start_system`` (this test's database, NATS and
+    state folder) with the cluster's kubeconfig."""
 
     def start(**options: Any) -> contextlib.AbstractAsyncContextManager[System]:
-        return running_system(
-            database_url=database_url,
-            nats_url=clean_nats,
-            state_dir=tmp_path,
-            kubeconfig=kube.kubeconfig,
-            **options,
-        )
+        return start_system(kubeconfig=kube.kubeconfig, **options)
 
     return start
 

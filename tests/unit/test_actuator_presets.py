@@ -31,11 +31,10 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
 
 
 @pytest.mark.parametrize(
-    ("engine", "executable", "runtime", "argv", "readiness", "env"),
+    ("engine", "runtime", "argv", "readiness", "env"),
     [
         pytest.param(
             "llama-server",
-            "/usr/local/bin/llama-server",
             spec("llama-cpp"),
             ["/usr/local/bin/llama-server", "--model", GGUF, "--alias", "chat", *LOOPBACK],
             "/health",
@@ -44,7 +43,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "llama-server",
-            "/usr/local/bin/llama-server",
             spec("llama-cpp", "HF://ggml-org/SmolLM2-135M-GGUF"),
             ["/usr/local/bin/llama-server", "-hf", "ggml-org/SmolLM2-135M-GGUF", "--alias", "chat", *LOOPBACK],
             "/health",
@@ -53,7 +51,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "llama-cpp-python",
-            "/opt/venv/bin/python",
             spec("llama-cpp"),
             ["/opt/venv/bin/python", "-m", "llama_cpp.server", "--model", GGUF, "--model_alias", "chat", *LOOPBACK],
             "/v1/models",
@@ -62,7 +59,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "vllm",
-            "/usr/bin/vllm",
             spec("vllm", "HF://Qwen/Qwen3-8B"),
             ["/usr/bin/vllm", "serve", "Qwen/Qwen3-8B", "--served-model-name", "chat", *LOOPBACK],
             "/health",
@@ -71,7 +67,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "vllm",
-            "/usr/bin/vllm",
             spec("vllm", "/srv/qwen3", park_strategy=ParkStrategy.SLEEP),
             ["/usr/bin/vllm", "serve", "/srv/qwen3", "--served-model-name", "chat", *LOOPBACK, "--enable-sleep-mode"],
             "/health",
@@ -80,7 +75,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "sglang",
-            "/opt/sglang/bin/python3",
             spec("sglang", "HF://Qwen/Qwen3-8B"),
             [
                 "/opt/sglang/bin/python3",
@@ -98,7 +92,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "infinity",
-            "/usr/bin/infinity_emb",
             spec("infinity", "HF://sentence-transformers/all-MiniLM-L6-v2"),
             [
                 "/usr/bin/infinity_emb",
@@ -115,7 +108,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "ollama",
-            "/usr/bin/ollama",
             spec("ollama", None),
             ["/usr/bin/ollama", "serve"],
             "/api/version",
@@ -124,7 +116,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "fake",
-            "/venv/bin/flexinfer-fake-model",
             spec("fake", None),
             ["/venv/bin/flexinfer-fake-model", "--model", "chat", "--port", "{port}"],
             "/health",
@@ -133,7 +124,6 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
         pytest.param(
             "llama-cpp-python",
-            "/opt/venv/bin/python",
             spec("llama-cpp", readiness_path="/v1/models?ready=1"),
             ["/opt/venv/bin/python", "-m", "llama_cpp.server", "--model", GGUF, "--model_alias", "chat", *LOOPBACK],
             "/v1/models?ready=1",
@@ -142,10 +132,9 @@ LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
         ),
     ],
 )
-def test_render_preset(
-    engine: str, executable: str, runtime: RuntimeSpec, argv: list[str], readiness: str, env: dict[str, str]
-) -> None:
-    launch = render_preset(runtime, engine=ENGINE[engine], executable=executable)
+def test_render_preset(engine: str, runtime: RuntimeSpec, argv: list[str], readiness: str, env: dict[str, str]) -> None:
+    """The command runs the engine's executable where it was found (``argv[0]``), with the engine's arguments."""
+    launch = render_preset(runtime, engine=ENGINE[engine], executable=argv[0])
     assert launch.argv == argv
     assert launch.readiness_path == readiness
     assert launch.env == env

@@ -22,6 +22,7 @@ from flexinfer_cli.supervisor import (
     next_backoff,
     probe_counts,
 )
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 
@@ -65,17 +66,6 @@ def test_describe_exit(code: int | None, text: str) -> None:
 
 def python(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", textwrap.dedent(code))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return True
 
 
 @pytest.mark.timeout(30)

@@ -3,7 +3,6 @@ the servers themselves are started in tests/integration/test_embedded_servers.py
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -20,17 +19,7 @@ from flexinfer_testbed.servers import (
     plain_database_url,
     start_test_servers,
 )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (not yet reaped by init) counts as dead
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return True
+from tests.support.processes import alive
 
 
 def _port_free(port: int) -> bool:
@@ -46,10 +35,10 @@ def _port_free(port: int) -> bool:
 def _wait_dead(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def _dead_pid() -> int:

@@ -242,10 +242,28 @@ async def scheduling(memory: str | None, measured: int) -> AsyncIterator[Harness
 
 @pytest.mark.looptime
 @pytest.mark.asyncio(loop_scope="function")
-async def test_a_measurement_above_the_declaration_replaces_it_with_one_warning() -> None:
+@pytest.mark.parametrize(
+    ("measured", "fitting", "warnings", "why"),
+    [
+        pytest.param(
+            6 * GiB, 6 * GiB, 1, "fitting counts what the model really holds", id="above-replaces-it-and-warns"
+        ),
+        pytest.param(2 * GiB, 4 * GiB, 0, "a model may grow into what it declares", id="below-does-not-lower-it"),
+    ],
+)
+async def test_a_measurement_is_shown_and_fitted_with_where_it_exceeds_the_declaration(
+    measured: int, fitting: int, warnings: int, why: str
+) -> None:
+    async with scheduling("4Gi", measured=measured) as h:
+        await h.until(lambda: h.memory() == (measured, "measured"))
+        assert await h.fitting() == fitting, why
+        await h.until(lambda: len(h.warnings()) == warnings)
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_measurement_above_the_declaration_warns_once_however_often_it_is_measured() -> None:
     async with scheduling("4Gi", measured=6 * GiB) as h:
-        await h.until(lambda: h.memory() == (6 * GiB, "measured"))
-        assert await h.fitting() == 6 * GiB, "fitting counts what the model really holds"
         await h.until(lambda: len(h.warnings()) == 1)
         warning = h.warnings()[0]
         assert warning.status.memory is not None and warning.status.memory.bytes == 6 * GiB
@@ -254,15 +272,6 @@ async def test_a_measurement_above_the_declaration_replaces_it_with_one_warning(
         await h.report(h.store.models[CHAT].command_generation)
         await h.until(lambda: h.memory() == (6 * GiB + 1, "measured"))
         assert len(h.warnings()) == 1
-
-
-@pytest.mark.looptime
-@pytest.mark.asyncio(loop_scope="function")
-async def test_a_measurement_below_the_declaration_is_shown_but_does_not_lower_it() -> None:
-    async with scheduling("4Gi", measured=2 * GiB) as h:
-        await h.until(lambda: h.memory() == (2 * GiB, "measured"))
-        assert await h.fitting() == 4 * GiB, "a model may grow into what it declares"
-        assert h.warnings() == []
 
 
 # ---------------------------------------------------------------------------------------------- discovery

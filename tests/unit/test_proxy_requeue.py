@@ -65,10 +65,21 @@ def test_after_connect_failure(
     assert answer is expected
 
 
-def test_suspect_marks_the_route_not_ready_until_unsuspect() -> None:
-    original = ready_route()
+@pytest.fixture
+def original() -> Route:
+    """The model's Ready route, as the KV holds it."""
+    return ready_route()
+
+
+@pytest.fixture
+def table(original: Route) -> RouteTable:
+    """A table holding ``original``, marked not Ready after a request failed to connect to it."""
     table = RouteTable([original])
     assert table.suspect(KEY, original)
+    return table
+
+
+def test_suspect_marks_the_route_not_ready_until_unsuspect(original: Route, table: RouteTable) -> None:
     marked = table.get(KEY)
     assert marked is not None and not marked.ready and marked.endpoint == original.endpoint
     assert table.resolve("chat", default_namespace="default").route is marked, "the labels stay indexed"
@@ -79,10 +90,7 @@ def test_suspect_marks_the_route_not_ready_until_unsuspect() -> None:
     assert not table.unsuspect(KEY, original), "the mark is gone"
 
 
-def test_a_newer_route_from_the_kv_ends_the_mark_at_once() -> None:
-    original = ready_route()
-    table = RouteTable([original])
-    assert table.suspect(KEY, original)
+def test_a_newer_route_from_the_kv_ends_the_mark_at_once(original: Route, table: RouteTable) -> None:
     newer = ready_route("http://10.0.0.2:8000")
     table.put(newer)
     assert table.get(KEY) is newer
@@ -91,10 +99,7 @@ def test_a_newer_route_from_the_kv_ends_the_mark_at_once() -> None:
     assert not table.suspect(KEY, original), "the request failed on a route that is no longer the model's"
 
 
-def test_a_snapshot_replaces_the_mark_and_a_removal_forgets_it() -> None:
-    original = ready_route()
-    table = RouteTable([original])
-    assert table.suspect(KEY, original)
+def test_a_snapshot_replaces_the_mark_and_a_removal_forgets_it(original: Route, table: RouteTable) -> None:
     assert table.replace([original]) == {KEY}
     assert table.get(KEY) is original, "the KV's route again"
     assert not table.unsuspect(KEY, original)

@@ -81,6 +81,15 @@ STREAMS: tuple[StreamConfig, ...] = (
 
 _STOP_TIMEOUT = 5.0
 
+
+def _raise_if_cancelled(task: asyncio.Task[None] | None) -> None:
+    """End a consumer's loop that was asked to stop: nats-py's fetch can take a cancellation for a timeout or a
+    connection error (the request is then still cancelling), and the loop would fetch again on a closed connection
+    for ever, so that whoever stops it, or the event loop's shutdown, waits for nothing."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 #: How long ``publish_many`` waits for JetStream's acks (the ones still missing count as not published).
 ACK_WAIT = 10.0
 
@@ -265,16 +274,19 @@ class Consumer(Generic[M]):
 
     async def _run(self, sub: JetStreamContext.PullSubscription) -> None:
         failures = 0
+        task = asyncio.current_task()
         while True:
             try:
                 # One message per pull: nats-py's batched fetch, once a first message arrived, waits until the
                 # batch fills or the pull expires (a second here), which put up to a second on every event.
                 batch = await sub.fetch(batch=1, timeout=5.0)
             except TimeoutError:
+                _raise_if_cancelled(task)
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                _raise_if_cancelled(task)
                 failures += 1
                 log.warning("fetch failed; retrying", extra={"consumer": self.name, "error": repr(exc)})
                 await asyncio.sleep(0.5)

@@ -36,6 +36,10 @@ def model(name: str = "chat", **status: Any) -> dict[str, Any]:
     }
 
 
+def queue(model: str, queued: int, oldest_wait: float) -> dict[str, Any]:
+    return {"namespace": "default", "model": model, "queued": queued, "oldestWaitSeconds": oldest_wait}
+
+
 def test_render_table_aligns_columns_three_spaces_apart() -> None:
     text = render_table(("NAME", "PHASE"), [["chat-small", "Ready"], ["big", "Preempted"]])
     assert text.splitlines() == [
@@ -121,24 +125,9 @@ def test_render_table_has_no_trailing_spaces() -> None:
             ],
             id="leases",
         ),
-        pytest.param(
-            Kind.QUEUES,
-            {"namespace": "default", "model": "chat", "queued": 3, "oldestWaitSeconds": 12.34},
-            ["chat", "3", "12.3s"],
-            id="queues-seconds",
-        ),
-        pytest.param(
-            Kind.QUEUES,
-            {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitSeconds": 0.25},
-            ["chat", "1", "250ms"],
-            id="queues-milliseconds",
-        ),
-        pytest.param(
-            Kind.QUEUES,
-            {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": 0},
-            ["idle", "0", "-"],
-            id="queues-empty-queue",
-        ),
+        pytest.param(Kind.QUEUES, queue("chat", 3, 12.34), ["chat", "3", "12.3s"], id="queues-seconds"),
+        pytest.param(Kind.QUEUES, queue("chat", 1, 0.25), ["chat", "1", "250ms"], id="queues-milliseconds"),
+        pytest.param(Kind.QUEUES, queue("idle", 0, 0), ["idle", "0", "-"], id="queues-empty-queue"),
         pytest.param(
             Kind.SWAPS,
             {

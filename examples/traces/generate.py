@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
+Requests = list[dict[str, object]]  # one trace's requests: {"at", "model", "tokens" or "serviceSeconds"}
 
 #: where ``write`` puts a trace: this folder, or (for bench/policy_comparison.py's variants) a list of lines
 OUT: dict[str, list[str]] | None = None
@@ -19,7 +21,7 @@ OUT: dict[str, list[str]] | None = None
 def write(
     name: str,
     models: list[dict[str, object]],
-    requests: list[dict[str, object]],
+    requests: Requests,
     about: str,
     capacity: dict[str, object] | None = None,
 ) -> None:
@@ -31,6 +33,38 @@ def write(
         OUT[name] = lines
     else:
         (HERE / name).write_text("\n".join(lines) + "\n")
+
+
+def session(
+    requests: Requests, model: str, at: float, turns: int, tokens: Callable[[], int], gap: Callable[[], float]
+) -> None:
+    """``turns`` requests to ``model``, the first at ``at`` seconds, each asking ``tokens()`` tokens and the next
+    ``gap()`` seconds later (drawn in that order: the shipped traces depend on it)."""
+    for _ in range(turns):
+        requests.append({"at": at, "model": model, "tokens": tokens()})
+        at += gap()
+
+
+def exponential_tokens(rng: random.Random, scale: int) -> Callable[[], int]:
+    """Tokens a chat-like request asks: exponential of mean ``scale``, plus 20."""
+    return lambda: int(rng.expovariate(1 / scale)) + 20
+
+
+def sessions(
+    rng: random.Random,
+    requests: Requests,
+    model: str,
+    hours: tuple[float, float],
+    count: int,
+    turns: tuple[int, int],
+    tokens: int,
+    gap: tuple[float, float],
+) -> None:
+    """``count`` chat-like sessions of ``model``, each starting in ``hours`` with ``turns`` requests ``gap`` seconds
+    apart."""
+    for _ in range(count):
+        at = rng.uniform(*hours) * 3600
+        session(requests, model, at, rng.randint(*turns), exponential_tokens(rng, tokens), lambda: rng.uniform(*gap))
 
 
 def homelab_day(rng: random.Random) -> None:
@@ -68,17 +102,9 @@ def homelab_day(rng: random.Random) -> None:
         },
         {"model": "image", "priority": 10, "loadSeconds": 60, "concurrency": 1, "memory": "16Gi"},
     ]
-    requests: list[dict[str, object]] = []
-
-    def sessions(model: str, start_h: float, end_h: float, count: int, turns: tuple[int, int], tokens: int) -> None:
-        for _ in range(count):
-            t = rng.uniform(start_h, end_h) * 3600
-            for _ in range(rng.randint(*turns)):
-                requests.append({"at": t, "model": model, "tokens": int(rng.expovariate(1 / tokens)) + 20})
-                t += rng.uniform(15, 90)
-
-    sessions("chat", 7, 23, 40, (3, 12), 300)
-    sessions("code", 9, 18, 30, (4, 20), 250)
+    requests: Requests = []
+    sessions(rng, requests, "chat", (7, 23), 40, (3, 12), 300, gap=(15, 90))
+    sessions(rng, requests, "code", (9, 18), 30, (4, 20), 250, gap=(15, 90))
     for _ in range(4):  # embedding batches
         t = rng.uniform(8, 22) * 3600
         for i in range(60):
@@ -100,13 +126,13 @@ def bursty_two_models(rng: random.Random) -> None:
         {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4, "memory": "6Gi"},
         {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 4, "memory": "6Gi"},
     ]
-    requests: list[dict[str, object]] = []
+    requests: Requests = []
     for model in ("a", "b"):
         for _ in range(25):
-            t = rng.uniform(0, 7200)
-            for _ in range(rng.randint(5, 25)):
-                requests.append({"at": t, "model": model, "tokens": rng.randint(50, 400)})
-                t += rng.expovariate(1 / 3)
+            at = rng.uniform(0, 7200)
+            session(
+                requests, model, at, rng.randint(5, 25), lambda: rng.randint(50, 400), lambda: rng.expovariate(1 / 3)
+            )
     write(
         "bursty-two-models.jsonl",
         models,
@@ -123,7 +149,7 @@ def adversarial_alternation() -> None:
         {"model": "a", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2, "memory": "14Gi"},
         {"model": "b", "priority": 10, "loadSeconds": 28, "tokensPerSecond": 40, "concurrency": 2, "memory": "14Gi"},
     ]
-    requests: list[dict[str, object]] = []
+    requests: Requests = []
     for i in range(360):
         requests.append({"at": i * 10.0, "model": "a", "tokens": 120})
         requests.append({"at": i * 10.0 + 5, "model": "b", "tokens": 120})
@@ -151,22 +177,14 @@ def team_working_day(rng: random.Random, name: str = "team-working-day.jsonl") -
             "memory": "10Gi",
         },
     ]
-    requests: list[dict[str, object]] = []
-
-    def sessions(model: str, start_h: float, end_h: float, count: int, turns: tuple[int, int], tokens: int) -> None:
-        for _ in range(count):
-            t = rng.uniform(start_h, end_h) * 3600
-            for _ in range(rng.randint(*turns)):
-                requests.append({"at": t, "model": model, "tokens": int(rng.expovariate(1 / tokens)) + 20})
-                t += rng.uniform(10, 60)
-
-    sessions("code", 0, 8, 30, (8, 25), 260)
-    sessions("chat", 0, 8, 30, (8, 25), 220)
+    requests: Requests = []
+    sessions(rng, requests, "code", (0, 8), 30, (8, 25), 260, gap=(10, 60))
+    sessions(rng, requests, "chat", (0, 8), 30, (8, 25), 220, gap=(10, 60))
     for _ in range(10):  # documents of 10-25 pages, a request a page
-        t = rng.uniform(4, 7.5) * 3600
-        for _ in range(rng.randint(10, 25)):
-            requests.append({"at": t, "model": "summarize", "tokens": rng.randint(200, 500)})
-            t += rng.uniform(0.5, 4)
+        at = rng.uniform(4, 7.5) * 3600
+        session(
+            requests, "summarize", at, rng.randint(10, 25), lambda: rng.randint(200, 500), lambda: rng.uniform(0.5, 4)
+        )
     write(
         name,
         models,
@@ -198,20 +216,19 @@ def chat_beside_batch(rng: random.Random, name: str = "chat-beside-batch.jsonl")
             "memory": "12Gi",
         },
     ]
-    requests: list[dict[str, object]] = []
+    requests: Requests = []
+    chat_tokens = exponential_tokens(rng, 250)
     t = 0.0
     while t < 6 * 3600:
-        requests.append({"at": t, "model": "chat", "tokens": int(rng.expovariate(1 / 250)) + 20})
+        requests.append({"at": t, "model": "chat", "tokens": chat_tokens()})
         t += rng.expovariate(1 / 55)
     for k in range(9):
         start = 600 + k * 2400 + rng.uniform(0, 60)
         for i in range(150):
             requests.append({"at": start + i * 0.2, "model": "batch", "tokens": rng.randint(100, 400)})
     for _ in range(rng.randint(3, 8)):
-        t = rng.uniform(0, 6) * 3600
-        for _ in range(rng.randint(1, 4)):
-            requests.append({"at": t, "model": "vision", "tokens": rng.randint(80, 300)})
-            t += rng.uniform(10, 60)
+        at = rng.uniform(0, 6) * 3600
+        session(requests, "vision", at, rng.randint(1, 4), lambda: rng.randint(80, 300), lambda: rng.uniform(10, 60))
     write(
         name,
         models,
@@ -236,13 +253,11 @@ def many_models(rng: random.Random, name: str = "many-models.jsonl") -> None:
         for n, size in zip(names, (8, 6, 10, 5, 12, 7, 9, 4), strict=True)
     ]
     weights = [1 / (i + 1) for i in range(len(names))]
-    requests: list[dict[str, object]] = []
+    requests: Requests = []
     for _ in range(80):
         model = rng.choices(names, weights)[0]
-        t = rng.uniform(0, 4) * 3600
-        for _ in range(rng.randint(2, 8)):
-            requests.append({"at": t, "model": model, "tokens": int(rng.expovariate(1 / 200)) + 20})
-            t += rng.uniform(5, 60)
+        at = rng.uniform(0, 4) * 3600
+        session(requests, model, at, rng.randint(2, 8), exponential_tokens(rng, 200), lambda: rng.uniform(5, 60))
     write(
         name,
         models,

@@ -7,17 +7,14 @@ from typing import Any
 import pytest
 
 from flexinfer_cli.tables import (
+    VIEWS,
     Kind,
     Selection,
     UnexpectedAnswer,
     format_seconds,
-    group_row,
     group_wide,
     items_of,
-    lease_row,
-    model_row,
     parse_kind,
-    queue_row,
     render_kind,
     render_table,
     select,
@@ -25,7 +22,7 @@ from flexinfer_cli.tables import (
     table_headers,
     table_row,
 )
-from flexinfer_common.admin_api import Group, Lease, QueueInfo, Swap
+from flexinfer_common.admin_api import Group, Swap
 from flexinfer_common.manifests import Model
 
 
@@ -37,6 +34,10 @@ def model(name: str = "chat", **status: Any) -> dict[str, Any]:
         "spec": {"gpu": {"shared": "homelab-gpu", "priority": 100}},
         "status": status,
     }
+
+
+def queue(model: str, queued: int, oldest_wait: float) -> dict[str, Any]:
+    return {"namespace": "default", "model": model, "queued": queued, "oldestWaitSeconds": oldest_wait}
 
 
 def test_render_table_aligns_columns_three_spaces_apart() -> None:
@@ -54,37 +55,32 @@ def test_render_table_has_no_trailing_spaces() -> None:
 
 
 @pytest.mark.parametrize(
-    ("item", "expected"),
+    ("kind", "item", "expected"),
     [
         pytest.param(
+            Kind.MODELS,
             model(
                 phase="Ready",
                 lastActiveTime="2026-01-02T03:04:05Z",
                 sharedGroup={"state": "Active", "queuePosition": 0},
             ),
             ["chat", "homelab-gpu", "100", "Ready", "Active", "0", "2026-01-02T03:04:05Z"],
-            id="active-model",
+            id="models-active-model",
         ),
         pytest.param(
+            Kind.MODELS,
             model(phase="Pending"),
             ["chat", "homelab-gpu", "100", "Pending", "<none>", "<none>", "<none>"],
-            id="missing-values-print-none",
+            id="models-missing-values-print-none",
         ),
         pytest.param(
+            Kind.MODELS,
             {"metadata": {"name": "solo", "namespace": "x"}, "spec": {}},
             ["solo", "<none>", "0", "<none>", "<none>", "<none>", "<none>"],
-            id="no-status-no-gpu",
+            id="models-no-status-no-gpu",
         ),
-    ],
-)
-def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert model_row(Model.model_validate(item)) == expected
-
-
-@pytest.mark.parametrize(
-    ("item", "expected"),
-    [
         pytest.param(
+            Kind.GROUPS,
             {
                 "name": "homelab-gpu",
                 "policy": "v1alpha2",
@@ -95,9 +91,10 @@ def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
                 "models": [],
             },
             ["homelab-gpu", "v1alpha2", "default/chat-large", "Stable", "1m35s", "<none>"],
-            id="active-in-cooldown",
+            id="groups-active-in-cooldown",
         ),
         pytest.param(
+            Kind.GROUPS,
             {
                 "name": "g",
                 "policy": "v1alpha1",
@@ -107,79 +104,32 @@ def test_model_row(item: dict[str, Any], expected: list[str]) -> None:
                 "lease": {"name": "lora-lease", "owner": "lora", "expiresAt": "2026-01-01T00:00:00Z"},
             },
             ["g", "v1alpha1", "<none>", "Leased", "0s", "lora-lease"],
-            id="leased-no-active",
-        ),
-    ],
-)
-def test_group_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert group_row(Group.model_validate(item)) == expected
-
-
-def test_group_wide_shows_the_resident_models_and_each_devices_memory() -> None:
-    gib = 1 << 30
-    item = {
-        "name": "card",
-        "policy": "v1alpha2",
-        "state": "Serving",
-        "models": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
-        "capacity": {"devices": 1, "memoryPerDevice": 24 * gib},
-        "devices": [{"index": 0, "usedBytes": 11 * gib, "freeBytes": 13 * gib, "models": []}],
-        "residentModels": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
-    }
-    row = group_wide(Group.model_validate(item))
-    assert row[-2:] == ["default/chat,default/code", "0:11.0Gi/24.0Gi"]
-    assert group_wide(Group.model_validate({**item, "devices": None, "residentModels": None}))[-2:] == [
-        "<none>",
-        "<none>",
-    ]
-
-
-def test_lease_row() -> None:
-    lease = {
-        "name": "qwen3-1p7b-lora-gpu-lease",
-        "group": "5930k-textgen",
-        "owner": "qwen3-1p7b-lora",
-        "node": None,
-        "ttlSeconds": 3600,
-        "expiresAt": "2026-06-20T12:00:00Z",
-    }
-    assert lease_row(Lease.model_validate(lease)) == [
-        "qwen3-1p7b-lora-gpu-lease",
-        "5930k-textgen",
-        "qwen3-1p7b-lora",
-        "<none>",
-        "2026-06-20T12:00:00Z",
-    ]
-
-
-@pytest.mark.parametrize(
-    ("item", "expected"),
-    [
-        pytest.param(
-            {"namespace": "default", "model": "chat", "queued": 3, "oldestWaitSeconds": 12.34},
-            ["chat", "3", "12.3s"],
-            id="seconds",
+            id="groups-leased-no-active",
         ),
         pytest.param(
-            {"namespace": "default", "model": "chat", "queued": 1, "oldestWaitSeconds": 0.25},
-            ["chat", "1", "250ms"],
-            id="milliseconds",
+            Kind.LEASES,
+            {
+                "name": "qwen3-1p7b-lora-gpu-lease",
+                "group": "5930k-textgen",
+                "owner": "qwen3-1p7b-lora",
+                "node": None,
+                "ttlSeconds": 3600,
+                "expiresAt": "2026-06-20T12:00:00Z",
+            },
+            [
+                "qwen3-1p7b-lora-gpu-lease",
+                "5930k-textgen",
+                "qwen3-1p7b-lora",
+                "<none>",
+                "2026-06-20T12:00:00Z",
+            ],
+            id="leases",
         ),
+        pytest.param(Kind.QUEUES, queue("chat", 3, 12.34), ["chat", "3", "12.3s"], id="queues-seconds"),
+        pytest.param(Kind.QUEUES, queue("chat", 1, 0.25), ["chat", "1", "250ms"], id="queues-milliseconds"),
+        pytest.param(Kind.QUEUES, queue("idle", 0, 0), ["idle", "0", "-"], id="queues-empty-queue"),
         pytest.param(
-            {"namespace": "default", "model": "idle", "queued": 0, "oldestWaitSeconds": 0},
-            ["idle", "0", "-"],
-            id="empty-queue",
-        ),
-    ],
-)
-def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert queue_row(QueueInfo.model_validate(item)) == expected
-
-
-@pytest.mark.parametrize(
-    ("item", "expected"),
-    [
-        pytest.param(
+            Kind.SWAPS,
             {
                 "group": "homelab-gpu",
                 "fromModel": "default/chat-small",
@@ -201,9 +151,10 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
                 "draining=200ms,parking=1.3s,loading=3s",
                 "ready",
             ],
-            id="finished-swap",
+            id="swaps-finished-swap",
         ),
         pytest.param(
+            Kind.SWAPS,
             {
                 "group": "g",
                 "fromModel": None,
@@ -214,12 +165,33 @@ def test_queue_row(item: dict[str, Any], expected: list[str]) -> None:
                 "phases": {},
             },
             ["g", "<none>", "default/a", "initial", "2026-01-01T00:00:00Z", "running", "<none>", "running"],
-            id="running-initial-swap",
+            id="swaps-running-initial-swap",
         ),
     ],
 )
-def test_swap_row(item: dict[str, Any], expected: list[str]) -> None:
-    assert swap_row(Swap.model_validate(item)) == expected
+def test_row(kind: Kind, item: dict[str, Any], expected: list[str]) -> None:
+    """Each kind's default columns, from one item of its API answer."""
+    view = VIEWS[kind]
+    assert view.row(view.item.model_validate(item)) == expected
+
+
+def test_group_wide_shows_the_resident_models_and_each_devices_memory() -> None:
+    gib = 1 << 30
+    item = {
+        "name": "card",
+        "policy": "v1alpha2",
+        "state": "Serving",
+        "models": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
+        "capacity": {"devices": 1, "memoryPerDevice": 24 * gib},
+        "devices": [{"index": 0, "usedBytes": 11 * gib, "freeBytes": 13 * gib, "models": []}],
+        "residentModels": [{"namespace": "default", "name": "chat"}, {"namespace": "default", "name": "code"}],
+    }
+    row = group_wide(Group.model_validate(item))
+    assert row[-2:] == ["default/chat,default/code", "0:11.0Gi/24.0Gi"]
+    assert group_wide(Group.model_validate({**item, "devices": None, "residentModels": None}))[-2:] == [
+        "<none>",
+        "<none>",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from pydantic import BaseModel
 
 from flexinfer_cli.client import AdminClient, ApiError, CliError
 from flexinfer_cli.config import Service
+from flexinfer_cli.tables import MANIFEST_KINDS, VIEWS, Kind
 from flexinfer_common.manifests import GPUGroup, GPULease, ManifestError, Model, ModelCache, Resource, load_manifests
 
 STDIN = "-"
@@ -85,10 +85,6 @@ def _manifest_body(resource: BaseModel) -> dict[str, Any]:
     return body
 
 
-def _segment(value: str) -> str:
-    return quote(value, safe="")
-
-
 def apply_order(resource: Resource) -> tuple[int, int]:
     """GPUGroups first, then Models by descending priority, then the rest (each stable in file order): the
     scheduler may hold its first election before the last manifest arrives, and it must already see each group
@@ -113,26 +109,18 @@ def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list
     for resource in sorted(resources, key=apply_order):
         namespace = resource.metadata.namespace or default_namespace
         name = resource.metadata.name
-        if isinstance(resource, Model):
+        if isinstance(resource, Model | GPUGroup):
+            view = VIEWS[MANIFEST_KINDS[type(resource)]]
             body = _manifest_body(resource)
-            body.setdefault("metadata", {})["namespace"] = namespace
+            if isinstance(resource, Model):
+                body.setdefault("metadata", {})["namespace"] = namespace
             steps.append(
                 ApiCall(
-                    resource=f"model/{namespace}/{name}",
-                    service=Service.SCHEDULER,
+                    resource=view.label(namespace, name),
+                    service=view.service,
                     method="PUT",
-                    path=f"/api/v1/models/{_segment(namespace)}/{_segment(name)}",
+                    path=view.manifest_path(namespace, name),
                     body=body,
-                )
-            )
-        elif isinstance(resource, GPUGroup):
-            steps.append(
-                ApiCall(
-                    resource=f"gpugroup/{name}",
-                    service=Service.SCHEDULER,
-                    method="PUT",
-                    path=f"/api/v1/gpugroups/{_segment(name)}",
-                    body=_manifest_body(resource),
                 )
             )
         elif isinstance(resource, GPULease):
@@ -148,12 +136,13 @@ def plan_apply(resources: Iterable[Resource], *, default_namespace: str) -> list
                 lease["ttlSeconds"] = resource.spec.ttl_seconds
             if resource.spec.memory is not None:
                 lease["memory"] = resource.spec.memory
+            leases = VIEWS[Kind.LEASES]
             steps.append(
                 ApiCall(
-                    resource=f"gpulease/{name}",
-                    service=Service.LEASE_MANAGER,
+                    resource=leases.label(namespace, name),
+                    service=leases.service,
                     method="POST",
-                    path="/api/v1/leases",
+                    path=leases.path,
                     body=lease,
                     done="created",
                 )
@@ -176,7 +165,7 @@ async def _apply_lease(client: AdminClient, step: ApiCall) -> str:
         if exc.status != 409:
             raise
         try:
-            current = await client.get(f"/api/v1/leases/{_segment(str(step.body['name']))}")
+            current = await client.get(VIEWS[Kind.LEASES].get_path("", str(step.body["name"])))
         except ApiError:
             raise exc from None
         if (

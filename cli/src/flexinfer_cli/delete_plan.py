@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from flexinfer_cli.client import AdminClient, ApiError
 from flexinfer_cli.config import Service
-from flexinfer_cli.tables import VIEWS, Kind
+from flexinfer_cli.tables import MANIFEST_KINDS, VIEWS, Kind
 from flexinfer_common.manifests import GPUGroup, GPULease, Model, Resource
 
 
@@ -26,13 +26,9 @@ class NotDeletable(ValueError):
 def plan_delete(kind: Kind, names: Iterable[str], *, namespace: str) -> list[Deletion]:
     """The calls that delete ``names`` of ``kind`` (in ``namespace`` for models). Pure."""
     view = VIEWS[kind]
-    if view.delete_path is None or view.delete_service is None:
+    if view.manifests is None:
         raise NotDeletable(f"{kind.value} cannot be deleted (delete models, groups or leases)")
-    steps = []
-    for name in names:
-        label = f"{view.singular}/{namespace}/{name}" if view.namespaced else f"{view.singular}/{name}"
-        steps.append(Deletion(label, view.delete_service, view.delete_path(namespace, name)))
-    return steps
+    return [Deletion(view.label(namespace, name), view.service, view.manifest_path(namespace, name)) for name in names]
 
 
 def plan_delete_resources(resources: Iterable[Resource], *, default_namespace: str) -> list[Deletion]:
@@ -44,7 +40,7 @@ def plan_delete_resources(resources: Iterable[Resource], *, default_namespace: s
         rank = order.get(type(resource))
         if rank is None:
             continue
-        kind = {GPULease: Kind.LEASES, Model: Kind.MODELS, GPUGroup: Kind.GROUPS}[type(resource)]
+        kind = MANIFEST_KINDS[type(resource)]
         namespace = resource.metadata.namespace or default_namespace
         steps.extend((rank, step) for step in plan_delete(kind, [resource.metadata.name], namespace=namespace))
     return [step for _, step in sorted(steps, key=lambda pair: pair[0])]

@@ -69,6 +69,19 @@ def next_backoff(
     return min(max(previous * 2, initial), maximum)
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """The restart policy of :func:`next_backoff`: ``initial`` after a first or healthy run, doubling up to
+    ``maximum``; a run of ``reset_after`` seconds or more counts as healthy."""
+
+    initial: float = INITIAL_BACKOFF
+    maximum: float = MAX_BACKOFF
+    reset_after: float = RESET_AFTER
+
+    def next(self, previous: float, uptime: float) -> float:
+        return next_backoff(previous, uptime, initial=self.initial, maximum=self.maximum, reset_after=self.reset_after)
+
+
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "did not start"
@@ -170,12 +183,10 @@ def plan_restart(
     returncode: int | None,
     reason: str,
     count: int,
-    initial: float,
-    maximum: float,
-    reset_after: float,
+    backoff: Backoff,
 ) -> Restart:
-    """The restart after an unexpected exit (delay from :func:`next_backoff`), logged as one warning line."""
-    delay = next_backoff(previous, uptime, initial=initial, maximum=maximum, reset_after=reset_after)
+    """The restart after an unexpected exit (delay from ``backoff``), logged as one warning line."""
+    delay = backoff.next(previous, uptime)
     logger.warning(
         "%s exited unexpectedly (%s) after %.1f s; restarting in %.1f s",
         name,
@@ -230,9 +241,7 @@ class Supervisor:
         if len(set(names)) != len(names):
             raise ValueError(f"service names must be unique: {names}")
         self._children = {spec.name: _Child(spec) for spec in services}
-        self.initial_backoff = initial_backoff
-        self.max_backoff = max_backoff
-        self.reset_after = reset_after
+        self.backoff = Backoff(initial_backoff, max_backoff, reset_after)
         self.stop_timeout = stop_timeout
         self._clock = clock
         self._log = logger or log
@@ -321,9 +330,7 @@ class Supervisor:
                 returncode=returncode,
                 reason=reason,
                 count=child.exits,
-                initial=self.initial_backoff,
-                maximum=self.max_backoff,
-                reset_after=self.reset_after,
+                backoff=self.backoff,
             )
             child.backoff = delay = restart.delay
             self.restarts.append(restart)
@@ -479,9 +486,7 @@ class EmbeddedWatch:
         self.server = server
         self.name = f"embedded {name}"
         self.poll_interval = poll_interval
-        self.initial_backoff = initial_backoff
-        self.max_backoff = max_backoff
-        self.reset_after = reset_after
+        self.backoff = Backoff(initial_backoff, max_backoff, reset_after)
         self._clock = clock
         self._log = logger or log
         self.stopping = False
@@ -512,9 +517,7 @@ class EmbeddedWatch:
                 returncode=None,
                 reason="process gone",
                 count=len(self.restarts) + 1,
-                initial=self.initial_backoff,
-                maximum=self.max_backoff,
-                reset_after=self.reset_after,
+                backoff=self.backoff,
             )
             backoff = restart.delay
             self.restarts.append(restart)

@@ -29,7 +29,7 @@ from flexinfer_common.admin_api import (
     SwapList,
 )
 from flexinfer_common.clock import rfc3339
-from flexinfer_common.manifests import Model
+from flexinfer_common.manifests import GPUGroup, GPULease, Model, Resource
 
 NONE = "<none>"
 COLUMN_GAP = 3
@@ -222,13 +222,17 @@ def swap_wide(item: Swap) -> Row:
 Item = Model | Group | Lease | QueueInfo | Swap
 
 
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
 @dataclass(frozen=True)
 class KindView:
     """How one kind is listed, shown and named.
 
     ``namespaced`` kinds are listed in one namespace (``-n``, default the CLI's) unless ``-A`` is given, which adds
-    a leading NAMESPACE column, as kubectl does. ``get_path``, when set, reads one object by name (otherwise the list
-    is filtered); ``delete_path`` deletes one (kinds without it cannot be deleted).
+    a leading NAMESPACE column, as kubectl does. ``manifests``, when set, is the collection on ``service`` where
+    one of the kind's manifests is written (``apply``) and deleted by name (kinds without it cannot be deleted).
     """
 
     kind: Kind
@@ -244,17 +248,29 @@ class KindView:
     namespaced: bool
     name_of: Callable[[Any], str]
     namespace_of: Callable[[Any], str] = lambda _: ""
-    get_path: Callable[[str, str], str] | None = None
-    delete_path: Callable[[str, str], str] | None = None
-    delete_service: Service | None = None
+    manifests: str | None = None
+
+    def object_path(self, collection: str, namespace: str, name: str) -> str:
+        """``collection/{namespace}/{name}`` for a namespaced kind, ``collection/{name}`` otherwise (URL-quoted)."""
+        return "/".join((collection, *map(_seg, (namespace, name) if self.namespaced else (name,))))
+
+    def get_path(self, namespace: str, name: str) -> str:
+        """Where one object is read by name (models, groups and leases: the queues and swaps APIs only list)."""
+        return self.object_path(self.path, namespace, name)
+
+    def manifest_path(self, namespace: str, name: str) -> str:
+        """Where one manifest is written and deleted by name (a kind with ``manifests``)."""
+        if self.manifests is None:
+            raise ValueError(f"{self.kind.value} have no manifests")
+        return self.object_path(self.manifests, namespace, name)
+
+    def label(self, namespace: str, name: str) -> str:
+        """How an object is named when printed: ``model/default/chat``, ``gpugroup/homelab-gpu``."""
+        return f"{self.singular}/{namespace}/{name}" if self.namespaced else f"{self.singular}/{name}"
 
     def key(self, item: Any) -> tuple[str, str]:
         """The identity of an item (namespace, name): a watch tells a changed row from a new one by it."""
         return (self.namespace_of(item) if self.namespaced else "", self.name_of(item))
-
-
-def _seg(value: str) -> str:
-    return quote(value, safe="")
 
 
 VIEWS: dict[Kind, KindView] = {
@@ -272,9 +288,7 @@ VIEWS: dict[Kind, KindView] = {
         namespaced=True,
         name_of=lambda item: item.metadata.name,
         namespace_of=lambda item: item.metadata.namespace or DEFAULT_NAMESPACE,
-        get_path=lambda namespace, name: f"/api/v1/models/{_seg(namespace)}/{_seg(name)}",
-        delete_path=lambda namespace, name: f"/api/v1/models/{_seg(namespace)}/{_seg(name)}",
-        delete_service=Service.SCHEDULER,
+        manifests="/api/v1/models",
     ),
     Kind.GROUPS: KindView(
         kind=Kind.GROUPS,
@@ -289,9 +303,7 @@ VIEWS: dict[Kind, KindView] = {
         item=Group,
         namespaced=False,
         name_of=lambda item: item.name,
-        get_path=lambda _, name: f"/api/v1/groups/{_seg(name)}",
-        delete_path=lambda _, name: f"/api/v1/gpugroups/{_seg(name)}",
-        delete_service=Service.SCHEDULER,
+        manifests="/api/v1/gpugroups",
     ),
     Kind.LEASES: KindView(
         kind=Kind.LEASES,
@@ -306,9 +318,7 @@ VIEWS: dict[Kind, KindView] = {
         item=Lease,
         namespaced=False,
         name_of=lambda item: item.name,
-        get_path=lambda _, name: f"/api/v1/leases/{_seg(name)}",
-        delete_path=lambda _, name: f"/api/v1/leases/{_seg(name)}",
-        delete_service=Service.LEASE_MANAGER,
+        manifests="/api/v1/leases",
     ),
     Kind.QUEUES: KindView(
         kind=Kind.QUEUES,
@@ -339,6 +349,13 @@ VIEWS: dict[Kind, KindView] = {
         namespaced=False,
         name_of=lambda item: item.id or "",
     ),
+}
+
+# The kind each manifest of a FILE is written to and deleted from (ModelCaches are the Kubernetes controller's).
+MANIFEST_KINDS: dict[type[Resource], Kind] = {
+    Model: Kind.MODELS,
+    GPUGroup: Kind.GROUPS,
+    GPULease: Kind.LEASES,
 }
 
 
@@ -441,9 +458,7 @@ def render_kind(kind: Kind, payload: Any, *, wide: bool = False, all_namespaces:
 def object_name(kind: Kind, item: Any) -> str:
     """``-o name``: ``model/default/chat``, ``gpugroup/homelab-gpu``, as ``flexinfer apply`` prints resources."""
     view = VIEWS[kind]
-    if view.namespaced:
-        return f"{view.singular}/{view.namespace_of(item)}/{view.name_of(item)}"
-    return f"{view.singular}/{view.name_of(item)}"
+    return view.label(view.namespace_of(item), view.name_of(item))
 
 
 def dump(item: Any) -> dict[str, Any]:

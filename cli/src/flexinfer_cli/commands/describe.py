@@ -77,7 +77,6 @@ def describe(
         fail(f"--events-since: {exc}", ExitCode.USAGE)
     url = resolve_url(Service.SCHEDULER, scheduler_url)
     get_path = VIEWS[Kind.MODELS].get_path
-    assert get_path is not None
 
     async def go() -> str:
         now = datetime.now(UTC)

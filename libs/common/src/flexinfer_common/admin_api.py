@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -170,18 +170,18 @@ class _Request(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
+def _ttl_field(description: str) -> Any:
+    """A request's optional ``ttlSeconds``, at most 30 days."""
+    return Field(None, alias="ttlSeconds", le=MAX_DURATION_SECONDS, description=description)
+
+
 class LeaseAcquire(_Request):
     """``POST /api/v1/leases``: take a group's GPU."""
 
     group: KubeName = Field(description="The shared GPU group to hold (a Model's spec.gpu.shared, or a GPUGroup)")
     owner: str = Field(description="Who holds it; the group's models show preemptedBy gpu-lease/<owner>")
     node: KubeName | None = Field(None, description="The node the work runs on (shown, not enforced)")
-    ttl_seconds: int | None = Field(
-        None,
-        alias="ttlSeconds",
-        le=MAX_DURATION_SECONDS,
-        description="Seconds it holds without a renewal (min 60, at most 30 days); default 1h",
-    )
+    ttl_seconds: int | None = _ttl_field("Seconds it holds without a renewal (min 60, at most 30 days); default 1h")
     # (the lease's own name and namespace are checked by the lease manager, code invalid_lease)
     name: str | None = Field(None, description="The lease's name; default <owner>-gpu-lease")
     namespace: str | None = Field(None, description="Where its GPULease lives in Kubernetes mode")
@@ -198,12 +198,7 @@ class LeaseRenewal(_Request):
     """``POST /api/v1/leases/{name}/renew``: ``expiresAt`` = now + the TTL (a new one when given)."""
 
     owner: str | None = Field(None, description="When given, the lease must be this owner's")
-    ttl_seconds: int | None = Field(
-        None,
-        alias="ttlSeconds",
-        le=MAX_DURATION_SECONDS,
-        description="A new TTL (min 60, at most 30 days), from now on",
-    )
+    ttl_seconds: int | None = _ttl_field("A new TTL (min 60, at most 30 days), from now on")
 
 
 class LeaseList(_Body):

@@ -177,31 +177,32 @@ class LeaseRow(Base):
     device: Mapped[int | None] = mapped_column(Integer)
 
 
-class DemandSignalRow(Base):
-    """The latest demand from each source for a model (v1alpha1 sums ``queued`` over sources)."""
-
-    __tablename__ = "demand_signals"
+class _SourceReport:
+    """A row a (model, source): what one source (a proxy) last reported about one model, and when."""
 
     namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     source: Mapped[str] = mapped_column(String(253), primary_key=True)
-    queued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     time: Mapped[datetime]
+
+
+class DemandSignalRow(_SourceReport, Base):
+    """The latest demand from each source for a model (v1alpha1 sums ``queued`` over sources)."""
+
+    __tablename__ = "demand_signals"
+
+    queued: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # until when ``queued`` stands without a newer message (the message's validFor); NULL: the scheduler's TTL
     valid_until: Mapped[datetime | None]
 
 
-class InFlightRow(Base):
+class InFlightRow(_SourceReport, Base):
     """How many requests each proxy (``source``) is forwarding to a model, as it last reported (the drain waits for
     these to reach zero)."""
 
     __tablename__ = "in_flight_reports"
 
-    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
-    name: Mapped[str] = mapped_column(String(253), primary_key=True)
-    source: Mapped[str] = mapped_column(String(253), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    time: Mapped[datetime]
 
 
 class ProcessedMessageRow(Base):

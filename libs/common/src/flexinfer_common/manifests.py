@@ -110,7 +110,7 @@ class _Spec(BaseModel):
 
 
 class ObjectMeta(_Spec):
-    name: str
+    name: KubeName
     namespace: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
@@ -120,11 +120,6 @@ class ObjectMeta(_Spec):
     owner_references: list[dict[str, Any]] = Field(default_factory=list, alias="ownerReferences")
     # set by the scheduler on a model being deleted (parked first); never stored from a manifest
     deletion_timestamp: datetime | None = Field(None, alias="deletionTimestamp")
-
-    @field_validator("name")
-    @classmethod
-    def _dns(cls, value: str) -> str:
-        return check_subdomain(value)
 
     @field_validator("namespace")
     @classmethod

@@ -89,6 +89,12 @@ def _comma_mapping(value: object) -> object:
 CommaMapping = Annotated[dict[str, str], NoDecode, BeforeValidator(_comma_mapping)]
 
 
+def _refuse(bad: list[str], rule: str) -> None:
+    """A ValueError that states ``rule`` and names the entries that break it, if any do."""
+    if bad:
+        raise ValueError(f"{rule} {', '.join(map(repr, bad))}")
+
+
 class SettingsError(Exception):
     """A setting has a bad value; the message names the environment variable."""
 
@@ -277,30 +283,23 @@ class CommonSettings(BaseSettings):
     @field_validator("local_commands")
     @classmethod
     def _commands(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = invalid_entries(value)
-        if bad:
-            raise ValueError(
-                f"each entry must be an executable's name or absolute path, not {', '.join(map(repr, bad))}"
-            )
+        _refuse(invalid_entries(value), "each entry must be an executable's name or absolute path, not")
         return value
 
     @field_validator("local_engines")
     @classmethod
     def _engines(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = invalid_entries(value.values())
-        if bad:
-            raise ValueError(f"each executable must be a name or an absolute path, not {', '.join(map(repr, bad))}")
+        _refuse(invalid_entries(value.values()), "each executable must be a name or an absolute path, not")
         return value
 
     @field_validator("local_env")
     @classmethod
     def _env_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = invalid_env_entries(value)
-        if bad:
-            raise ValueError(
-                f"each entry must be a variable name or PREFIX_*, and none may allow a variable that decides which "
-                f"code runs (PATH, LD_*, PYTHON*): {', '.join(map(repr, bad))}"
-            )
+        _refuse(
+            invalid_env_entries(value),
+            "each entry must be a variable name or PREFIX_*, and none may allow a variable that decides which "
+            "code runs (PATH, LD_*, PYTHON*):",
+        )
         return value
 
     @field_validator(

@@ -159,6 +159,12 @@ def _unavailable(state: FakeModelState) -> ApiError | None:
     return ApiError(503, "model is sleeping", type_="unavailable", code="model_sleeping")
 
 
+def _check_serving(state: FakeModelState) -> None:
+    """Raise the 503 of :func:`_unavailable` unless the model can serve."""
+    if (err := _unavailable(state)) is not None:
+        raise err
+
+
 # --------------------------------------------------------------------------- deterministic "model"
 
 
@@ -230,6 +236,10 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _missing(field: str) -> ApiError:
+    return _bad_request(f"missing required field '{field}'", param=field, code="missing_field")
+
+
 def _opt(body: dict[str, Any], name: str, kind: type[_T], default: _T) -> _T:
     value = body.get(name)
     if value is None:
@@ -238,6 +248,14 @@ def _opt(body: dict[str, Any], name: str, kind: type[_T], default: _T) -> _T:
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise _bad_request(f"'{name}' must be of type {kind.__name__}", param=name, code="invalid_type")
     return value
+
+
+def _required_text(body: dict[str, Any], name: str) -> str:
+    """A string field the request must give, not empty."""
+    text = _opt(body, name, str, "")
+    if not text:
+        raise _missing(name)
+    return text
 
 
 def _check_common(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -384,7 +402,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     stream, include_usage = _check_common(body)
     messages = body.get("messages")
     if messages is None:
-        raise _bad_request("missing required field 'messages'", param="messages", code="missing_field")
+        raise _missing("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
     prompt_tokens = 0
@@ -399,8 +417,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if last_user is None:
         raise _bad_request("'messages' contains no message with role 'user'", param="messages")
     # Check readiness only once the request is known to be well-formed.
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
 
     model = state.config.model
     content = f"[{model}] {last_user}"
@@ -458,7 +475,7 @@ def _strings(body: dict[str, Any], field: str) -> list[str]:
     """``field`` of a request: a string or a non-empty list of strings, as a list."""
     value = body.get(field)
     if value is None:
-        raise _bad_request(f"missing required field '{field}'", param=field, code="missing_field")
+        raise _missing(field)
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
@@ -475,8 +492,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
     stream, include_usage = _check_common(body)
     prompts = _strings(body, "prompt")
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
 
     model = state.config.model
     texts = [f"[{model}] {p}" for p in prompts]
@@ -531,8 +547,7 @@ async def embeddings(request: web.Request) -> web.Response:
         raise _bad_request(
             "'encoding_format' must be 'float' or 'base64'", param="encoding_format", code="invalid_value"
         )
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
 
     data: list[dict[str, Any]] = []
     for i, text in enumerate(inputs):
@@ -575,9 +590,8 @@ async def audio_text(request: web.Request) -> web.Response:
         elif part.name:
             fields[part.name] = await part.text()
     if not size:
-        raise _bad_request("missing required field 'file'", param="file", code="missing_field")
-    if (err := _unavailable(state)) is not None:
-        raise err
+        raise _missing("file")
+    _check_serving(state)
     verb = "translated" if request.path.endswith("translations") else "transcribed"
     text = f"[{state.config.model}] {verb} {size} bytes sha256:{digest.hexdigest()} model={fields.get('model', '')}"
     if fields.get("response_format") == "text":
@@ -588,22 +602,16 @@ async def audio_text(request: web.Request) -> web.Response:
 async def speech(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _json_body(request)
-    text = _opt(body, "input", str, "")
-    if not text:
-        raise _bad_request("missing required field 'input'", param="input", code="missing_field")
-    if (err := _unavailable(state)) is not None:
-        raise err
+    text = _required_text(body, "input")
+    _check_serving(state)
     return web.Response(body=f"FAKE-AUDIO[{state.config.model}] {text}".encode(), content_type="audio/mpeg")
 
 
 async def image_generations(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _json_body(request)
-    prompt = _opt(body, "prompt", str, "")
-    if not prompt:
-        raise _bad_request("missing required field 'prompt'", param="prompt", code="missing_field")
-    if (err := _unavailable(state)) is not None:
-        raise err
+    prompt = _required_text(body, "prompt")
+    _check_serving(state)
     image = base64.b64encode(f"FAKE-IMAGE[{state.config.model}] {prompt}".encode()).decode()
     count = _opt(body, "n", int, 1)
     return web.json_response({"created": int(time.time()), "data": [{"b64_json": image}] * count})
@@ -617,8 +625,7 @@ async def rerank(request: web.Request) -> web.Response:
     documents = body.get("documents")
     if not query or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
         raise _bad_request("'query' (a string) and 'documents' (a list of strings) are required", param="documents")
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
     words = set(query.lower().split())
     scores = [len(words & set(d.lower().split())) / (len(words) or 1) for d in documents]
     order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
@@ -637,8 +644,7 @@ async def responses(request: web.Request) -> web.Response:
         text = _message_text(given[-1].get("content"), len(given) - 1)
     else:
         raise _bad_request("'input' must be a string or a list of messages", param="input", code="invalid_type")
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
     content = f"[{state.config.model}] {text}"
     return web.json_response(
         {
@@ -679,8 +685,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if not isinstance(turns, list) or not turns or not isinstance(turns[-1], dict):
         raise _bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
     text = _message_text(turns[-1].get("content"), len(turns) - 1)
-    if (err := _unavailable(state)) is not None:
-        raise err
+    _check_serving(state)
     content = f"[{state.config.model}] {text}"
     usage = {"input_tokens": count_tokens(text), "output_tokens": count_tokens(content)}
     message: dict[str, Any] = {

@@ -17,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -122,6 +123,12 @@ class KubeError(Exception):
 class WatchEvent(NamedTuple):
     type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
     object: Object
+
+
+def kube_time(when: datetime, *, micro: bool = False) -> str:
+    """``when`` as the API writes a Time (``2026-01-02T03:04:05Z``) or, ``micro``, a MicroTime
+    (``2026-01-02T03:04:05.123456Z``: a Lease's acquireTime and renewTime)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
 def in_cluster() -> bool:

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from flexinfer_common.kube.client import EVENTS, KubeClient, KubeError
+from flexinfer_common.kube.client import EVENTS, KubeClient, KubeError, kube_time
 from flexinfer_common.kube.informer import Informer
 from flexinfer_common.logs import get_logger
 from flexinfer_common.notes import Note
@@ -26,10 +26,6 @@ _REMEMBERED = 1024
 _MAX_MESSAGE = 1024
 
 NoteKey = tuple[str, str, str, str, str, str]
-
-
-def _time(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -70,7 +66,7 @@ class EventRecorder:
                 if seen is not None and self._monotonic() - seen[2] < _SERIES_WINDOW:
                     name, count, first = seen
                     await self.client.patch(
-                        EVENTS, note.namespace, name, {"count": count + 1, "lastTimestamp": _time(now)}
+                        EVENTS, note.namespace, name, {"count": count + 1, "lastTimestamp": kube_time(now)}
                     )
                     self._remember(key, (name, count + 1, first))
                     return
@@ -100,8 +96,8 @@ class EventRecorder:
                         "type": note.type.value,
                         "reason": note.reason,
                         "message": note.message[:_MAX_MESSAGE],
-                        "firstTimestamp": _time(now),
-                        "lastTimestamp": _time(now),
+                        "firstTimestamp": kube_time(now),
+                        "lastTimestamp": kube_time(now),
                         "count": 1,
                         "source": {"component": self.component},
                         "reportingComponent": self.component,

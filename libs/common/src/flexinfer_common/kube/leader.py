@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from flexinfer_common.kube.client import LEASES, KubeClient, KubeError, Object
+from flexinfer_common.kube.client import LEASES, KubeClient, KubeError, Object, kube_time
 from flexinfer_common.logs import get_logger
 from flexinfer_common.settings import KubernetesSettings
 
@@ -59,10 +59,6 @@ def decide(record: LeaseRecord | None, *, me: str, unchanged_for: float) -> Lead
     if not record.holder or unchanged_for >= record.lease_duration:
         return LeaderAction.TAKE_OVER
     return LeaderAction.FOLLOW
-
-
-def micro_time(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -144,7 +140,7 @@ class LeaderElector:
             await self._lose(f"could not renew the lease within {self.renew_deadline:g}s")
 
     async def _write(self, action: LeaderAction, lease: Object | None, record: LeaseRecord | None) -> None:
-        now = micro_time(datetime.now(UTC))
+        now = kube_time(datetime.now(UTC), micro=True)
         spec: Object = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": max(1, round(self.lease_duration)),

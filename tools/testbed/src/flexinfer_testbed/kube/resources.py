@@ -100,76 +100,58 @@ EVENT_FIELDS = BASE_FIELDS | {
 }
 
 
+def _builtin(group: str, kind: str, **options: Any) -> ResourceType:
+    """A built-in kind, served at v1 of ``group``: its singular is the kind in lower case, its plural adds an s."""
+    singular = kind.lower()
+    return ResourceType(group, "v1", singular + "s", kind, singular, **options)
+
+
 def builtin_types() -> list[ResourceType]:
     """The built-in kinds: core v1, apps/v1, batch/v1, coordination.k8s.io/v1, apiextensions.k8s.io/v1."""
     return [
-        ResourceType(
+        _builtin(
             "",
-            "v1",
-            "namespaces",
             "Namespace",
-            "namespace",
             namespaced=False,
             short_names=("ns",),
             status_subresource=True,
             field_selectors=BASE_FIELDS | {"status.phase"},
         ),
-        ResourceType(
+        _builtin(
             "",
-            "v1",
-            "pods",
             "Pod",
-            "pod",
             short_names=("po",),
             categories=("all",),
             status_subresource=True,
             field_selectors=POD_FIELDS,
             reset_status_on_create=True,
         ),
-        ResourceType(
-            "",
-            "v1",
-            "services",
-            "Service",
-            "service",
-            short_names=("svc",),
-            categories=("all",),
-            status_subresource=True,
-        ),
-        ResourceType("", "v1", "configmaps", "ConfigMap", "configmap", short_names=("cm",)),
-        ResourceType("", "v1", "secrets", "Secret", "secret", field_selectors=BASE_FIELDS | {"type"}),
-        ResourceType("", "v1", "events", "Event", "event", short_names=("ev",), field_selectors=EVENT_FIELDS),
-        ResourceType("", "v1", "nodes", "Node", "node", namespaced=False, short_names=("no",), status_subresource=True),
-        ResourceType(
+        _builtin("", "Service", short_names=("svc",), categories=("all",), status_subresource=True),
+        _builtin("", "ConfigMap", short_names=("cm",)),
+        _builtin("", "Secret", field_selectors=BASE_FIELDS | {"type"}),
+        _builtin("", "Event", short_names=("ev",), field_selectors=EVENT_FIELDS),
+        _builtin("", "Node", namespaced=False, short_names=("no",), status_subresource=True),
+        _builtin(
             "apps",
-            "v1",
-            "deployments",
             "Deployment",
-            "deployment",
             short_names=("deploy",),
             categories=("all",),
             status_subresource=True,
             scale=ScalePaths(),
             reset_status_on_create=True,
         ),
-        ResourceType(
+        _builtin(
             "batch",
-            "v1",
-            "jobs",
             "Job",
-            "job",
             categories=("all",),
             status_subresource=True,
             field_selectors=BASE_FIELDS | {"status.successful"},
             reset_status_on_create=True,
         ),
-        ResourceType("coordination.k8s.io", "v1", "leases", "Lease", "lease"),
-        ResourceType(
+        _builtin("coordination.k8s.io", "Lease"),
+        _builtin(
             "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
             "CustomResourceDefinition",
-            "customresourcedefinition",
             namespaced=False,
             short_names=("crd", "crds"),
             categories=("api-extensions",),

@@ -97,7 +97,7 @@ def _type_ok(value: Any, schema: Schema) -> bool:
         case "integer":
             return isinstance(value, int) and not isinstance(value, bool)
         case "number":
-            return isinstance(value, int | float) and not isinstance(value, bool)
+            return _is_number(value)
         case "boolean":
             return isinstance(value, bool)
         case _:
@@ -110,6 +110,44 @@ def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+# The bounds of a number (on its value), a string and an array (on their length): keyword, whether the value must be
+# at least (True) or at most the bound, and the API server's message ({shown}: the value as it quotes it).
+_BOUNDS: dict[type, tuple[tuple[str, bool, str], ...]] = {
+    float: (
+        ("minimum", True, "Invalid value: {shown}: {path} in body should be greater than or equal to {bound}"),
+        ("maximum", False, "Invalid value: {shown}: {path} in body should be less than or equal to {bound}"),
+    ),
+    str: (
+        ("minLength", True, "Invalid value: {shown}: {path} in body should be at least {bound} chars long"),
+        ("maxLength", False, "Too long: may not be more than {bound} bytes"),
+    ),
+    list: (
+        ("minItems", True, "Invalid value: {shown}: {path} in body should have at least {bound} items"),
+        ("maxItems", False, "Too many: {shown}: must have at most {bound} items"),
+    ),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)  # bool is an int to Python, not to JSON
+
+
+def _bound_errors(value: Any, schema: Schema, path: str) -> list[tuple[str, str]]:
+    if _is_number(value):
+        measure, shown, bounds = value, str(value), _BOUNDS[float]
+    elif isinstance(value, str):
+        measure, shown, bounds = len(value), _show(value), _BOUNDS[str]
+    elif isinstance(value, list):
+        measure, shown, bounds = len(value), str(len(value)), _BOUNDS[list]
+    else:
+        return []
+    return [
+        (path, message.format(shown=shown, path=path, bound=schema[keyword]))
+        for keyword, at_least, message in bounds
+        if keyword in schema and (measure < schema[keyword] if at_least else measure > schema[keyword])
+    ]
 
 
 def validate(value: Any, schema: Schema | None, path: str = "") -> list[tuple[str, str]]:
@@ -132,36 +170,14 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[tuple[st
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(_show(v) for v in schema["enum"])
         errors.append((path, f"Unsupported value: {_show(value)}: supported values: {supported}"))
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(
-                (path, f"Invalid value: {value}: {path} in body should be greater than or equal to {schema['minimum']}")
-            )
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(
-                (path, f"Invalid value: {value}: {path} in body should be less than or equal to {schema['maximum']}")
-            )
-        if schema.get("format") == "int32" and not INT32[0] <= value <= INT32[1]:
-            errors.append((path, f"Invalid value: {value}: {path} in body must be of type int32"))
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(
-                (path, f'Invalid value: "{value}": {path} in body should be at least {schema["minLength"]} chars long')
-            )
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append((path, f"Too long: may not be more than {schema['maxLength']} bytes"))
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append((path, f"Invalid value: \"{value}\": {path} in body should match '{schema['pattern']}'"))
-    if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            errors.append(
-                (path, f"Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items")
-            )
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errors.append((path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"))
-        if isinstance(schema.get("items"), dict):
-            for i, item in enumerate(value):
-                errors.extend(validate(item, schema["items"], f"{path}[{i}]"))
+    errors.extend(_bound_errors(value, schema, path))
+    if _is_number(value) and schema.get("format") == "int32" and not INT32[0] <= value <= INT32[1]:
+        errors.append((path, f"Invalid value: {value}: {path} in body must be of type int32"))
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append((path, f"Invalid value: \"{value}\": {path} in body should match '{schema['pattern']}'"))
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors.extend(validate(item, schema["items"], f"{path}[{i}]"))
     if isinstance(value, dict):
         for key in schema.get("required") or []:
             if key not in value:

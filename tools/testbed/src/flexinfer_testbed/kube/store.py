@@ -100,6 +100,12 @@ def _content(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+def _check_object(body: Any) -> None:
+    """A create's or an update's body must be a JSON object, as the API server decodes it."""
+    if not isinstance(body, dict):
+        raise bad_request("the body of the request was in an unknown format")
+
+
 @dataclass(eq=False)
 class Watcher:
     """One open watch: a queue of events that match its resource, namespace and selectors."""
@@ -448,8 +454,7 @@ class Store:
         warnings: list[str] | None = None,
         dry_run: bool = False,
     ) -> Obj:
-        if not isinstance(body, dict):
-            raise bad_request("the body of the request was in an unknown format")
+        _check_object(body)
         obj = copy.deepcopy(body)
         self._check_kind(rt, obj)
         meta = obj.setdefault("metadata", {})
@@ -608,8 +613,7 @@ class Store:
         dry_run: bool = False,
     ) -> Obj:
         """PUT of the object or of its `status` subresource (scale: see `update_scale`)."""
-        if not isinstance(body, dict):
-            raise bad_request("the body of the request was in an unknown format")
+        _check_object(body)
         current = self._current(rt, namespace, name)
         self._check_kind(rt, body)
         meta = body.get("metadata") or {}

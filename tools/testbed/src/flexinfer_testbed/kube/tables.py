@@ -103,17 +103,15 @@ def pod_status_reason(pod: Obj) -> str:
     return reason
 
 
-def _pod_row(pod: Obj, now: datetime) -> list[Any]:
+def _pod_cells(pod: Obj, now: datetime) -> list[Any]:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     total = len((pod.get("spec") or {}).get("containers") or [])
     ready = sum(1 for c in statuses if c.get("ready"))
     restarts = sum(int(c.get("restartCount") or 0) for c in statuses)
     return [
-        pod["metadata"]["name"],
         f"{ready}/{total}",
         pod_status_reason(pod),
         restarts,
-        age(pod["metadata"].get("creationTimestamp"), now),
         (pod.get("status") or {}).get("podIP") or "<none>",
         (pod.get("spec") or {}).get("nodeName") or "<none>",
         "<none>",
@@ -121,23 +119,21 @@ def _pod_row(pod: Obj, now: datetime) -> list[Any]:
     ]
 
 
-def _deployment_row(d: Obj, now: datetime) -> list[Any]:
+def _deployment_cells(d: Obj, now: datetime) -> list[Any]:
     spec, status = d.get("spec") or {}, d.get("status") or {}
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
     selector = (spec.get("selector") or {}).get("matchLabels") or {}
     return [
-        d["metadata"]["name"],
         f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 0)}",
         int(status.get("updatedReplicas") or 0),
         int(status.get("availableReplicas") or 0),
-        age(d["metadata"].get("creationTimestamp"), now),
         ",".join(c.get("name", "") for c in containers),
         ",".join(c.get("image", "") for c in containers),
         ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
     ]
 
 
-def _event_row(e: Obj, now: datetime) -> list[Any]:
+def _event_cells(e: Obj, now: datetime) -> list[Any]:
     involved = e.get("involvedObject") or {}
     last = e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
     return [
@@ -149,20 +145,13 @@ def _event_row(e: Obj, now: datetime) -> list[Any]:
     ]
 
 
-def _service_row(s: Obj, now: datetime) -> list[Any]:
+def _service_cells(s: Obj, now: datetime) -> list[Any]:
     spec = s.get("spec") or {}
     ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or [])
-    return [
-        s["metadata"]["name"],
-        spec.get("type", "ClusterIP"),
-        spec.get("clusterIP") or "<none>",
-        "<none>",
-        ports or "<none>",
-        age(s["metadata"].get("creationTimestamp"), now),
-    ]
+    return [spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>", "<none>", ports or "<none>"]
 
 
-def _job_row(j: Obj, now: datetime) -> list[Any]:
+def _job_cells(j: Obj, now: datetime) -> list[Any]:
     status = j.get("status") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
     state = (
@@ -170,17 +159,29 @@ def _job_row(j: Obj, now: datetime) -> list[Any]:
         if conditions.get("Complete") == "True"
         else ("Failed" if conditions.get("Failed") == "True" else "Running")
     )
-    return [
-        j["metadata"]["name"],
-        state,
-        f"{status.get('succeeded', 0)}/{(j.get('spec') or {}).get('completions', 1)}",
-        "",
-        age(j["metadata"].get("creationTimestamp"), now),
-    ]
+    return [state, f"{status.get('succeeded', 0)}/{(j.get('spec') or {}).get('completions', 1)}", ""]
 
 
-BUILTIN: dict[tuple[str, str], tuple[list[Obj], Callable[[Obj, datetime], list[Any]]]] = {
-    ("", "pods"): (
+Row = Callable[[Obj, datetime], list[Any]]
+
+
+def _table(columns: list[Obj], cells: Row) -> tuple[list[Obj], Row]:
+    """A kind's columns and its row: the object's name and age where the columns put NAME and AGE, ``cells``
+    (in order) in the others."""
+
+    def row(obj: Obj, now: datetime) -> list[Any]:
+        own = iter(cells(obj, now))
+        meta = obj["metadata"]
+        return [
+            meta["name"] if c is NAME else age(meta.get("creationTimestamp"), now) if c is AGE else next(own)
+            for c in columns
+        ]
+
+    return columns, row
+
+
+BUILTIN: dict[tuple[str, str], tuple[list[Obj], Row]] = {
+    ("", "pods"): _table(
         [
             NAME,
             _col("Ready"),
@@ -192,9 +193,9 @@ BUILTIN: dict[tuple[str, str], tuple[list[Obj], Callable[[Obj, datetime], list[A
             _col("Nominated Node", priority=1),
             _col("Readiness Gates", priority=1),
         ],
-        _pod_row,
+        _pod_cells,
     ),
-    ("apps", "deployments"): (
+    ("apps", "deployments"): _table(
         [
             NAME,
             _col("Ready"),
@@ -205,56 +206,36 @@ BUILTIN: dict[tuple[str, str], tuple[list[Obj], Callable[[Obj, datetime], list[A
             _col("Images", priority=1),
             _col("Selector", priority=1),
         ],
-        _deployment_row,
+        _deployment_cells,
     ),
-    ("", "events"): (
+    ("", "events"): _table(
         [_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message")],
-        _event_row,
+        _event_cells,
     ),
-    ("", "services"): (
+    ("", "services"): _table(
         [NAME, _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"), AGE],
-        _service_row,
+        _service_cells,
     ),
-    ("batch", "jobs"): (
-        [NAME, _col("Status"), _col("Completions"), _col("Duration"), AGE],
-        _job_row,
-    ),
-    ("", "namespaces"): (
+    ("batch", "jobs"): _table([NAME, _col("Status"), _col("Completions"), _col("Duration"), AGE], _job_cells),
+    ("", "namespaces"): _table(
         [NAME, _col("Status"), AGE],
-        lambda o, now: [
-            o["metadata"]["name"],
-            (o.get("status") or {}).get("phase", ""),
-            age(o["metadata"].get("creationTimestamp"), now),
-        ],
+        lambda o, _: [(o.get("status") or {}).get("phase", "")],
     ),
-    ("", "configmaps"): (
+    ("", "configmaps"): _table(
         [NAME, _col("Data", "integer"), AGE],
-        lambda o, now: [
-            o["metadata"]["name"],
-            len(o.get("data") or {}) + len(o.get("binaryData") or {}),
-            age(o["metadata"].get("creationTimestamp"), now),
-        ],
+        lambda o, _: [len(o.get("data") or {}) + len(o.get("binaryData") or {})],
     ),
-    ("", "secrets"): (
+    ("", "secrets"): _table(
         [NAME, _col("Type"), _col("Data", "integer"), AGE],
-        lambda o, now: [
-            o["metadata"]["name"],
-            o.get("type", "Opaque"),
-            len(o.get("data") or {}),
-            age(o["metadata"].get("creationTimestamp"), now),
-        ],
+        lambda o, _: [o.get("type", "Opaque"), len(o.get("data") or {})],
     ),
-    ("coordination.k8s.io", "leases"): (
+    ("coordination.k8s.io", "leases"): _table(
         [NAME, _col("Holder"), AGE],
-        lambda o, now: [
-            o["metadata"]["name"],
-            (o.get("spec") or {}).get("holderIdentity", ""),
-            age(o["metadata"].get("creationTimestamp"), now),
-        ],
+        lambda o, _: [(o.get("spec") or {}).get("holderIdentity", "")],
     ),
-    ("apiextensions.k8s.io", "customresourcedefinitions"): (
+    ("apiextensions.k8s.io", "customresourcedefinitions"): _table(
         [NAME, _col("Created At", "date")],
-        lambda o, now: [o["metadata"]["name"], o["metadata"].get("creationTimestamp")],
+        lambda o, _: [o["metadata"].get("creationTimestamp")],
     ),
 }
 
@@ -279,19 +260,15 @@ def _cell(column: PrinterColumn, obj: Obj, now: datetime) -> Any:
 def table_for(rt: ResourceType, objects: list[Obj], now: datetime, *, include: str, rv: str) -> Obj:
     """A Table of `objects`; `include` is the request's includeObject (None, Object, Metadata)."""
     if rt.printer_columns is not None or not rt.builtin:
-        columns: list[Obj] = [NAME]
         printer = rt.printer_columns or (PrinterColumn("Age", "date", ".metadata.creationTimestamp"),)
-        columns += [_col(c.name, c.type, c.description, c.priority, c.format) for c in printer]
-
-        def row(o: Obj, when: datetime) -> list[Any]:
-            return [o["metadata"]["name"], *(_cell(c, o, when) for c in printer)]
+        columns, row = _table(
+            [NAME, *(_col(c.name, c.type, c.description, c.priority, c.format) for c in printer)],
+            lambda o, when: [_cell(c, o, when) for c in printer],
+        )
     elif rt.key in BUILTIN:
         columns, row = BUILTIN[rt.key]
     else:
-        columns = [NAME, AGE]
-
-        def row(o: Obj, when: datetime) -> list[Any]:
-            return [o["metadata"]["name"], age(o["metadata"].get("creationTimestamp"), when)]
+        columns, row = _table([NAME, AGE], lambda _o, _now: [])
 
     rows = []
     for obj in objects:

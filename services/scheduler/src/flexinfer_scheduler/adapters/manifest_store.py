@@ -4,7 +4,7 @@ and write, the bus inputs) is ``adapters/store.py``; ``Store`` is both."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from sqlalchemy import (
@@ -120,11 +120,7 @@ class ManifestStore:
         if not keys:
             return []
         async with self.sessions.begin() as session:
-            rows = []
-            for key in keys:
-                row = await session.get(ModelRow, tuple(key), with_for_update=True)
-                if row is not None and row.deleting_at is not None and row_parked(row):
-                    rows.append(row)
+            rows = await _parked_rows(session, keys, lambda row: row.deleting_at is not None)
             await delete_rows(session, rows)
             return rows
 
@@ -264,11 +260,10 @@ class ManifestStore:
             return []
         async with self.sessions.begin() as session:
             moves = []
-            for key in keys:
-                row = await session.get(ModelRow, tuple(key), with_for_update=True)
-                if row is not None and row.moving_to is not None and row_parked(row):
-                    moves.append(GroupMove(key, row.group_name or "", row.moving_to))
-                    row.group_name, row.moving_to = row.moving_to, None
+            for row in await _parked_rows(session, keys, lambda row: row.moving_to is not None):
+                assert row.moving_to is not None
+                moves.append(GroupMove(ModelKey(row.namespace, row.name), row.group_name or "", row.moving_to))
+                row.group_name, row.moving_to = row.moving_to, None
             if moves:
                 await session.flush()
                 await session.execute(
@@ -321,3 +316,15 @@ class ManifestStore:
         async with self.sessions() as session:
             rows = await session.scalars(select(SwapRow).order_by(SwapRow.started_at.desc()).limit(limit))
             return list(rows.all())
+
+
+async def _parked_rows(
+    session: AsyncSession, keys: Sequence[ModelKey], pending: Callable[[ModelRow], bool]
+) -> list[ModelRow]:
+    """The rows of these models, locked, that are still ``pending`` (a deletion, a move) and confirmed parked."""
+    rows = []
+    for key in keys:
+        row = await session.get(ModelRow, tuple(key), with_for_update=True)
+        if row is not None and pending(row) and row_parked(row):
+            rows.append(row)
+    return rows

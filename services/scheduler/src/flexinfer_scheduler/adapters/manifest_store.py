@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     delete,
@@ -276,24 +277,20 @@ class ManifestStore:
             return moves
 
     async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
-        async with self.sessions.begin() as session:
-            row = await session.get(ModelRow, (namespace, name))
-            if row is None:
-                return None
-            row.promoted_at = now
-            row.idle_parked_at = None
-            row.failed_at = None
-            return row
+        return await self._update_model(namespace, name, promoted_at=now, idle_parked_at=None, failed_at=None)
 
     async def set_parked(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
         """Park a model as its idle timeout would (the status page's Park): left out of the election until a
         request or demand names it again; a promotion of it ends."""
+        return await self._update_model(namespace, name, idle_parked_at=now, promoted_at=None)
+
+    async def _update_model(self, namespace: str, name: str, **columns: Any) -> ModelRow | None:
+        """Set these columns of a model's row; None when there is no such model."""
         async with self.sessions.begin() as session:
             row = await session.get(ModelRow, (namespace, name))
-            if row is None:
-                return None
-            row.idle_parked_at = now
-            row.promoted_at = None
+            if row is not None:
+                for column, value in columns.items():
+                    setattr(row, column, value)
             return row
 
     async def models(self) -> list[ModelRow]:

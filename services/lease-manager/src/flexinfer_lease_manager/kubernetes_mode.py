@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from flexinfer_common.clock import Clock
@@ -49,31 +50,19 @@ COMPONENT = "flexinfer-lease-manager"  # the source of the Events it records
 _REMEMBERED_NOTES = 4096
 
 
+@dataclass(kw_only=True, eq=False)
 class KubeSync:
-    def __init__(
-        self,
-        *,
-        client: KubeClient,
-        manager: LeaseManager,
-        store: LeaseStore,
-        gpuleases: Informer,
-        caches: Informer,
-        jobs: Informer,
-        configmaps: Informer,
-        events: EventRecorder,
-        clock: Clock,
-    ) -> None:
-        self.client = client
-        self.manager = manager
-        self.store = store
-        self.gpuleases = gpuleases
-        self.caches = caches
-        self.jobs = jobs
-        self.configmaps = configmaps
-        self.events = events
-        self.clock = clock
-        self._noted: dict[tuple[str, str, str, str], str] = {}
-        self._said: set[tuple[str, str, str, str]] = set()
+    client: KubeClient
+    manager: LeaseManager
+    store: LeaseStore
+    gpuleases: Informer
+    caches: Informer
+    jobs: Informer
+    configmaps: Informer
+    events: EventRecorder
+    clock: Clock
+    _noted: dict[tuple[str, str, str, str], str] = field(default_factory=dict, init=False)
+    _said: set[tuple[str, str, str, str]] = field(default_factory=set, init=False)
 
     @property
     def informers(self) -> list[Informer]:

@@ -1,13 +1,12 @@
-"""The first steps of every service's ``serve``: the bus connected with its streams in place, and (for the services
-with a Kubernetes mode) the check that stops a start whose Kubernetes configuration cannot work."""
+"""The first step of every service's ``serve``: the bus connected with its streams in place. (No Kubernetes client
+here: the proxy's image has none; the Kubernetes-mode check is ``flexinfer_common.kube.mode``.)"""
 
 from __future__ import annotations
 
 import contextlib
 
 from flexinfer_common.bus import Bus
-from flexinfer_common.kube.client import connect_from_settings
-from flexinfer_common.settings import ActuatorKind, CommonSettings, KubernetesSettings
+from flexinfer_common.settings import CommonSettings
 
 
 async def connect_bus(settings: CommonSettings, client_name: str, *, owner: bool = False) -> Bus:
@@ -22,10 +21,3 @@ async def connect_bus(settings: CommonSettings, client_name: str, *, owner: bool
             await bus.close()
         raise
     return bus
-
-
-def check_kubernetes_settings(settings: KubernetesSettings) -> None:
-    """``run_service``'s check: in Kubernetes mode (``FLEXINFER_ACTUATOR=kubernetes``) a configuration that gives no
-    API client stops the start, SettingsError naming the setting."""
-    if settings.actuator is ActuatorKind.KUBERNETES:
-        connect_from_settings(settings)

@@ -22,10 +22,11 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.kube.client import KubeClient, connect_from_settings
+from flexinfer_common.kube.mode import check_kubernetes_settings
 from flexinfer_common.logs import get_logger
 from flexinfer_common.service import HttpServer, run_service
 from flexinfer_common.settings import ActuatorKind
-from flexinfer_common.startup import check_kubernetes_settings, connect_bus
+from flexinfer_common.startup import connect_bus
 
 log = get_logger("flexinfer.actuator")
 

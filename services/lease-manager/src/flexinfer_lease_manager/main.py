@@ -14,10 +14,11 @@ import contextlib
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.kube.client import KubeClient, connect_from_settings, own_namespace
+from flexinfer_common.kube.mode import check_kubernetes_settings
 from flexinfer_common.logs import get_logger
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
 from flexinfer_common.settings import ActuatorKind
-from flexinfer_common.startup import check_kubernetes_settings, connect_bus
+from flexinfer_common.startup import connect_bus
 from flexinfer_lease_manager import __version__
 from flexinfer_lease_manager.adapters.store import LeaseStore
 from flexinfer_lease_manager.api import create_app

@@ -30,17 +30,7 @@ class ProcessItem(BaseModel):
 
     @classmethod
     def of(cls, info: ProcessInfo) -> ProcessItem:
-        return cls(
-            namespace=info.namespace,
-            name=info.name,
-            pid=info.pid,
-            port=info.port,
-            phase=info.phase,
-            generation=info.generation,
-            started_at=info.started_at,
-            endpoint=info.endpoint,
-            pod=info.pod,
-        )
+        return cls.model_validate(info, from_attributes=True)  # the same fields, by name
 
 
 class ProcessList(BaseModel):

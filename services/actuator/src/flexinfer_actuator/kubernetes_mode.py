@@ -29,11 +29,10 @@ from flexinfer_common.kube.client import (
     SERVICES,
     KubeClient,
     Object,
-    own_namespace,
 )
 from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import DELETED, Informer, object_key
-from flexinfer_common.kube.leader import act_while_leading
+from flexinfer_common.kube.leading import Leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ModelStatus, RuntimeSpec
 
@@ -55,7 +54,7 @@ class Term:
     actuator: Actuator
 
 
-class KubernetesMode:
+class KubernetesMode(Leading[Term]):
     def __init__(
         self,
         *,
@@ -66,15 +65,11 @@ class KubernetesMode:
         instance: str,
         clock: Clock,
     ) -> None:
+        super().__init__(client, settings, lease_name=settings.leader_election_lease, instance=instance)
         self.settings = settings
         self.bus = bus
-        self.client = client
         self.statuses = statuses
-        self.instance = instance
         self.clock = clock
-        self.namespaces = settings.namespaces()
-        self.term: Term | None = None
-        self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ what the service shows
 
@@ -95,52 +90,35 @@ class KubernetesMode:
 
     async def run(self, stop: asyncio.Event) -> None:
         ACTUATOR_LEADER.set(0)
-        await act_while_leading(
-            self.client,
-            self.settings,
-            lease_name=self.settings.leader_election_lease,
-            identity=self.instance,
-            namespace=own_namespace(self.settings.namespace),
-            start_acting=self.start_leading,
-            stop_acting=self.stop_leading,
-            stop=stop,
+        await super().run(stop)
+
+    async def _begin(self) -> None:
+        self.term = term = self._build_term()
+        for informer in term.informers:
+            informer.start()
+        term.spec_sync.start()
+        term.renderer.start()
+        await term.status_writer.start()
+        # Commands only once the Deployments and Pods are known: a command is judged against them.
+        await asyncio.gather(*(i.wait_synced() for i in term.informers))
+        await term.actuator.start()
+        ACTUATOR_LEADER.set(1)
+        log.info(
+            "acting: watching resources and applying commands",
+            extra={"namespaces": self.namespaces or "all", "actuator": self.instance},
         )
 
-    async def start_leading(self) -> None:
-        async with self._lock:
-            if self.term is not None:
-                return
-            self.term = self._build_term()
-            term = self.term
-            for informer in term.informers:
-                informer.start()
-            term.spec_sync.start()
-            term.renderer.start()
-            await term.status_writer.start()
-            # Commands only once the Deployments and Pods are known: a command is judged against them.
-            await asyncio.gather(*(i.wait_synced() for i in term.informers))
-            await term.actuator.start()
-            ACTUATOR_LEADER.set(1)
-            log.info(
-                "acting: watching resources and applying commands",
-                extra={"namespaces": self.namespaces or "all", "actuator": self.instance},
-            )
-
-    async def stop_leading(self) -> None:
-        async with self._lock:
-            term, self.term = self.term, None
-            ACTUATOR_LEADER.set(0)
-            if term is None:
-                return
-            with contextlib.suppress(Exception):
-                await term.actuator.stop()  # stops consuming; the scaler leaves Deployments as they are
-            await term.status_writer.stop()
-            await term.spec_sync.stop()
-            await term.renderer.stop()
-            await term.events.flush()
-            for informer in term.informers:
-                await informer.stop()
-            log.info("stopped acting", extra={"actuator": self.instance})
+    async def _end(self, term: Term) -> None:
+        ACTUATOR_LEADER.set(0)
+        with contextlib.suppress(Exception):
+            await term.actuator.stop()  # stops consuming; the scaler leaves Deployments as they are
+        await term.status_writer.stop()
+        await term.spec_sync.stop()
+        await term.renderer.stop()
+        await term.events.flush()
+        for informer in term.informers:
+            await informer.stop()
+        log.info("stopped acting", extra={"actuator": self.instance})
 
     def _build_term(self) -> Term:
         client, namespaces = self.client, self.namespaces

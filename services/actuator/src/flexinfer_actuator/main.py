@@ -22,9 +22,11 @@ from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.kube.client import KubeClient, connect_from_settings
+from flexinfer_common.kube.mode import check_kubernetes_settings
 from flexinfer_common.logs import get_logger
 from flexinfer_common.service import HttpServer, run_service
 from flexinfer_common.settings import ActuatorKind
+from flexinfer_common.startup import connect_bus
 
 log = get_logger("flexinfer.actuator")
 
@@ -39,10 +41,8 @@ async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
     instance = settings.make_instance_id()
     clock = SystemClock()
     kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
-    bus = Bus(settings.nats_url, name=f"flexinfer-actuator:{instance}", auth=settings.nats_auth())
-    await bus.connect()
+    bus = await connect_bus(settings, f"flexinfer-actuator:{instance}")
     try:
-        await bus.ensure_streams(owner=False)
         statuses = StatusPublisher(bus=bus, actuator=instance, clock=clock)
         if kube is not None:
             await _serve_kubernetes(settings, stop, bus=bus, kube=kube, statuses=statuses, instance=instance)
@@ -131,10 +131,5 @@ async def _serve_kubernetes(
         await http.stop()
 
 
-def _kubernetes_configured(settings: ActuatorSettings) -> None:
-    if settings.actuator is ActuatorKind.KUBERNETES:
-        connect_kubernetes(settings)  # a wrong configuration stops the start, naming the setting
-
-
 def run() -> None:
-    run_service("actuator", ActuatorSettings, serve, check=_kubernetes_configured, logger=log)
+    run_service("actuator", ActuatorSettings, serve, check=check_kubernetes_settings, logger=log)

@@ -34,23 +34,8 @@ CONFLICT: dict[int | str, dict[str, Any]] = {409: {"model": ErrorBody, "descript
 
 
 def lease_body(lease: Lease) -> LeaseBody:
-    return LeaseBody(
-        name=lease.name,
-        namespace=lease.namespace,
-        group=lease.group,
-        owner=lease.owner,
-        node=lease.node,
-        ttl_seconds=lease.ttl_seconds,
-        acquired_at=lease.acquired_at,
-        expires_at=lease.expires_at,
-        renew_time=lease.renew_time,
-        phase=lease.phase,
-        message=lease.message,
-        held_at=lease.held_at,
-        source=lease.source.value,
-        memory=lease.memory,
-        device=lease.device,
-    )
+    """The API's view of a lease: its fields by name (``source`` as its string; not its resource's uid)."""
+    return LeaseBody.model_validate(lease, from_attributes=True)
 
 
 def refused(exc: LeaseRefused) -> ApiError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from flexinfer_common.clock import Clock
@@ -23,11 +24,10 @@ from flexinfer_common.kube.client import (
     KubeClient,
     KubeError,
     Resource,
-    own_namespace,
 )
 from flexinfer_common.kube.events import EventRecorder
 from flexinfer_common.kube.informer import Informer
-from flexinfer_common.kube.leader import act_while_leading
+from flexinfer_common.kube.leading import Leading
 from flexinfer_common.logs import get_logger
 from flexinfer_common.notes import EventType, Note
 from flexinfer_lease_manager.adapters.store import LeaseStore
@@ -50,31 +50,19 @@ COMPONENT = "flexinfer-lease-manager"  # the source of the Events it records
 _REMEMBERED_NOTES = 4096
 
 
+@dataclass(kw_only=True, eq=False)
 class KubeSync:
-    def __init__(
-        self,
-        *,
-        client: KubeClient,
-        manager: LeaseManager,
-        store: LeaseStore,
-        gpuleases: Informer,
-        caches: Informer,
-        jobs: Informer,
-        configmaps: Informer,
-        events: EventRecorder,
-        clock: Clock,
-    ) -> None:
-        self.client = client
-        self.manager = manager
-        self.store = store
-        self.gpuleases = gpuleases
-        self.caches = caches
-        self.jobs = jobs
-        self.configmaps = configmaps
-        self.events = events
-        self.clock = clock
-        self._noted: dict[tuple[str, str, str, str], str] = {}
-        self._said: set[tuple[str, str, str, str]] = set()
+    client: KubeClient
+    manager: LeaseManager
+    store: LeaseStore
+    gpuleases: Informer
+    caches: Informer
+    jobs: Informer
+    configmaps: Informer
+    events: EventRecorder
+    clock: Clock
+    _noted: dict[tuple[str, str, str, str], str] = field(default_factory=dict, init=False)
+    _said: set[tuple[str, str, str, str]] = field(default_factory=set, init=False)
 
     @property
     def informers(self) -> list[Informer]:
@@ -185,7 +173,7 @@ class KubeSync:
         self.events.record(note)
 
 
-class KubernetesMode:
+class KubernetesMode(Leading[KubeSync]):
     def __init__(
         self,
         *,
@@ -196,16 +184,10 @@ class KubernetesMode:
         instance: str,
         clock: Clock,
     ) -> None:
-        self.settings = settings
+        super().__init__(client, settings, lease_name=settings.leader_election_lease, instance=instance)
         self.manager = manager
         self.store = store
-        self.client = client
-        self.instance = instance
         self.clock = clock
-        self.namespaces = settings.namespaces()
-        self.system_namespace = own_namespace(settings.namespace)
-        self.sync: KubeSync | None = None
-        self._lock = asyncio.Lock()
 
     def lease_namespaces(self) -> list[str] | None:
         """Where GPULeases are watched (and may be made): the watched namespaces and the system namespace."""
@@ -215,67 +197,48 @@ class KubernetesMode:
 
     def ready(self) -> bool:
         """Acting with every cache synced, or standing by."""
-        return self.sync is None or all(informer.synced for informer in self.sync.informers)
+        return self.term is None or all(informer.synced for informer in self.term.informers)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await act_while_leading(
-            self.client,
-            self.settings,
-            lease_name=self.settings.leader_election_lease,
-            identity=self.instance,
-            namespace=self.system_namespace,
-            start_acting=self.start_leading,
-            stop_acting=self.stop_leading,
-            stop=stop,
+    async def _begin(self) -> None:
+        client, namespaces = self.client, self.namespaces
+
+        def informer(resource: Resource, within: list[str] | None, selector: str | None = None) -> Informer:
+            watched = Informer(client, resource, within, label_selector=selector)
+            watched.on_change(lambda *_: self.manager.kick())
+            return watched
+
+        gpuleases = informer(GPULEASES, self.lease_namespaces())
+        caches, jobs = informer(MODELCACHES, namespaces), informer(JOBS, namespaces)
+        configmaps = informer(CONFIGMAPS, namespaces, LEGACY_LABEL)
+        kinds = {"GPULease": gpuleases, "ModelCache": caches, "Job": jobs, "ConfigMap": configmaps}
+        sync = KubeSync(
+            client=client,
+            manager=self.manager,
+            store=self.store,
+            gpuleases=gpuleases,
+            caches=caches,
+            jobs=jobs,
+            configmaps=configmaps,
+            events=EventRecorder(client, informers=kinds, instance=self.instance, component=COMPONENT),
+            clock=self.clock,
+        )
+        for watched in sync.informers:
+            watched.start()
+        # Plans only from complete caches: a Job not listed yet would look finished, and its lease be released.
+        await asyncio.gather(*(watched.wait_synced() for watched in sync.informers))
+        self.term = sync
+        self.manager.steps.append(sync.reconcile)
+        self.manager.set_acting(True)
+        log.info(
+            "acting: syncing GPULeases, ModelCaches, Jobs and lease ConfigMaps",
+            extra={"namespaces": namespaces or "all", "instance": self.instance},
         )
 
-    async def start_leading(self) -> None:
-        async with self._lock:
-            if self.sync is not None:
-                return
-            client, namespaces = self.client, self.namespaces
-
-            def informer(resource: Resource, within: list[str] | None, selector: str | None = None) -> Informer:
-                watched = Informer(client, resource, within, label_selector=selector)
-                watched.on_change(lambda *_: self.manager.kick())
-                return watched
-
-            gpuleases = informer(GPULEASES, self.lease_namespaces())
-            caches, jobs = informer(MODELCACHES, namespaces), informer(JOBS, namespaces)
-            configmaps = informer(CONFIGMAPS, namespaces, LEGACY_LABEL)
-            kinds = {"GPULease": gpuleases, "ModelCache": caches, "Job": jobs, "ConfigMap": configmaps}
-            sync = KubeSync(
-                client=client,
-                manager=self.manager,
-                store=self.store,
-                gpuleases=gpuleases,
-                caches=caches,
-                jobs=jobs,
-                configmaps=configmaps,
-                events=EventRecorder(client, informers=kinds, instance=self.instance, component=COMPONENT),
-                clock=self.clock,
-            )
-            for watched in sync.informers:
-                watched.start()
-            # Plans only from complete caches: a Job not listed yet would look finished, and its lease be released.
-            await asyncio.gather(*(watched.wait_synced() for watched in sync.informers))
-            self.sync = sync
-            self.manager.steps.append(sync.reconcile)
-            self.manager.set_acting(True)
-            log.info(
-                "acting: syncing GPULeases, ModelCaches, Jobs and lease ConfigMaps",
-                extra={"namespaces": namespaces or "all", "instance": self.instance},
-            )
-
-    async def stop_leading(self) -> None:
-        async with self._lock:
-            sync, self.sync = self.sync, None
-            if sync is None:
-                return
-            self.manager.set_acting(False)
-            with contextlib.suppress(ValueError):
-                self.manager.steps.remove(sync.reconcile)
-            await sync.events.flush()
-            for watched in sync.informers:
-                await watched.stop()
-            log.info("stopped acting", extra={"instance": self.instance})
+    async def _end(self, term: KubeSync) -> None:
+        self.manager.set_acting(False)
+        with contextlib.suppress(ValueError):
+            self.manager.steps.remove(term.reconcile)
+        await term.events.flush()
+        for watched in term.informers:
+            await watched.stop()
+        log.info("stopped acting", extra={"instance": self.instance})

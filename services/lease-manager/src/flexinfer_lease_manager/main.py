@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from flexinfer_common.bus import Bus
 from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.kube.client import KubeClient, connect_from_settings, own_namespace
+from flexinfer_common.kube.mode import check_kubernetes_settings
 from flexinfer_common.logs import get_logger
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
 from flexinfer_common.settings import ActuatorKind
+from flexinfer_common.startup import connect_bus
 from flexinfer_lease_manager import __version__
 from flexinfer_lease_manager.adapters.store import LeaseStore
 from flexinfer_lease_manager.api import create_app
@@ -36,9 +37,7 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: C
         kube = connect_from_settings(settings, user_agent=f"flexinfer-lease-manager/{__version__} ({instance})")
     engine = create_engine(settings.database_url, pool_size=5)
     store = LeaseStore(session_factory(engine))
-    bus = Bus(settings.nats_url, name=f"flexinfer-lease-manager:{instance}", auth=settings.nats_auth())
-    await bus.connect()
-    await bus.ensure_streams(owner=False)
+    bus = await connect_bus(settings, f"flexinfer-lease-manager:{instance}")
     system_namespace = own_namespace(settings.namespace)
     mode: KubernetesMode | None = None
     manager = LeaseManager(
@@ -88,13 +87,8 @@ async def serve(settings: LeaseManagerSettings, stop: asyncio.Event, *, clock: C
         log.info("lease manager stopped")
 
 
-def _kubernetes_configured(settings: LeaseManagerSettings) -> None:
-    if settings.actuator is ActuatorKind.KUBERNETES:
-        connect_from_settings(settings)  # a wrong configuration stops the start, naming the setting
-
-
 def run() -> None:
-    run_service("lease-manager", LeaseManagerSettings, serve, check=_kubernetes_configured)
+    run_service("lease-manager", LeaseManagerSettings, serve, check=check_kubernetes_settings)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ import sys
 import tempfile
 from types import FrameType
 
-from flexinfer_common.bus import Bus
 from flexinfer_common.logs import get_logger, start_logging
 from flexinfer_common.runner import run_until_signalled, tune_gc
 from flexinfer_common.settings import SettingsError, load_settings
+from flexinfer_common.startup import connect_bus
 from flexinfer_proxy.app import Proxy
 from flexinfer_proxy.settings import ProxySettings
 
@@ -38,9 +38,7 @@ PARENT_CHECK_INTERVAL = 1.0
 
 async def serve(settings: ProxySettings, stop: asyncio.Event, *, worker: bool = False) -> None:
     instance_id = settings.make_instance_id()
-    bus = Bus(settings.nats_url, name=f"flexinfer-proxy:{instance_id}", auth=settings.nats_auth())
-    await bus.connect()
-    await bus.ensure_streams(owner=False)
+    bus = await connect_bus(settings, f"flexinfer-proxy:{instance_id}")
     proxy = Proxy(settings, bus, instance_id=instance_id, reuse_port=worker)
     watch = _OrphanWatch(stop) if worker else None
     try:

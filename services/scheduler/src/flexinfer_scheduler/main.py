@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock
 from flexinfer_common.db import create_engine, session_factory
 from flexinfer_common.logs import get_logger
 from flexinfer_common.runner import tune_gc
 from flexinfer_common.service import HttpServer, database_and_bus_readiness, run_service
+from flexinfer_common.startup import connect_bus
 from flexinfer_scheduler.adapters.bus import AdvisoryLock, NatsSchedulerBus
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import create_app
@@ -23,9 +23,7 @@ log = get_logger("flexinfer.scheduler")
 async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     engine = create_engine(settings.database_url, pool_size=10)
     store = Store(session_factory(engine))
-    bus = Bus(settings.nats_url, name="flexinfer-scheduler", auth=settings.nats_auth())
-    await bus.connect()
-    await bus.ensure_streams()
+    bus = await connect_bus(settings, "flexinfer-scheduler", owner=True)
     clock = SystemClock()
     scheduler = Scheduler(
         store=store,

@@ -80,6 +80,7 @@ from flexinfer_common.local_commands import (
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import WOKEN, RuntimeSpec
 from flexinfer_common.settings import DEFAULT_LOCAL_COMMANDS
+from flexinfer_common.tasks import Background
 from flexinfer_common.tcp import free_port
 
 log = get_logger("flexinfer.actuator.local")
@@ -204,7 +205,7 @@ class LocalProcessScaler:
         self._sleep_mode = SleepMode(timeout=self._load_timeout)
         self._gpu: GpuMemory = gpu or NullGpuMemory()
         self._gpu_interval = gpu_memory_interval.total_seconds()
-        self._measurer: asyncio.Task[None] | None = None
+        self._measurer = Background("gpu-memory", self._measure_periodically)
 
     @classmethod
     def from_settings(
@@ -301,11 +302,7 @@ class LocalProcessScaler:
 
     async def close(self) -> None:
         """Stop every model process (SIGTERM, grace, SIGKILL) and report each Parked."""
-        if self._measurer is not None:
-            self._measurer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._measurer
-            self._measurer = None
+        await self._measurer.stop()
         runtimes = list(self._runtimes.values())
         for runtime in runtimes:
             runtime.phase = ProcessPhase.STOPPING
@@ -358,8 +355,8 @@ class LocalProcessScaler:
         if message is not None:
             runtime.ready_message = message
         runtime.memory = memory if memory is not None else await self._measure(runtime)
-        if self._measurer is None and self._gpu_interval > 0 and not isinstance(self._gpu, NullGpuMemory):
-            self._measurer = asyncio.create_task(self._measure_periodically(), name="gpu-memory")
+        if self._gpu_interval > 0 and not isinstance(self._gpu, NullGpuMemory):
+            self._measurer.start()
         await self._emit(
             runtime, RuntimePhase.READY, endpoint=runtime.endpoint, message=runtime.ready_message, memory=runtime.memory
         )

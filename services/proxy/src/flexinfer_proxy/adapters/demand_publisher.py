@@ -28,7 +28,7 @@ from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Demand, message_id
 from flexinfer_common.settings import renewed_count_ttl
-from flexinfer_common.tasks import cancel_and_wait
+from flexinfer_common.tasks import Background, cancel_and_wait
 from flexinfer_proxy.domain.demand_reports import (
     DemandReport,
     activity_due,
@@ -72,7 +72,7 @@ class DemandSignaller:
         self._models: dict[ModelKey, _ModelDemand] = {}
         self._last_activity: dict[ModelKey, float] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("demand-signaller", self._run)
         self._background: set[asyncio.Task[None]] = set()
         self._failing = False
         self._last_sent: dict[ModelKey, datetime] = {}  # the ``time`` of the last message about each model
@@ -110,8 +110,7 @@ class DemandSignaller:
     # --- lifecycle ---
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="demand-signaller")
+        self._worker.start()
 
     async def flush(self, *, within: float) -> None:
         """Wait (at most ``within`` seconds) until the bus heard about every emptied queue, e.g. before shutdown."""
@@ -121,8 +120,8 @@ class DemandSignaller:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        await cancel_and_wait([t for t in (self._task, *self._background) if t is not None])
-        self._task = None
+        await self._worker.stop()
+        await cancel_and_wait(list(self._background))
 
     async def _report_activity(self, key: ModelKey) -> None:
         state = self._models.get(key)

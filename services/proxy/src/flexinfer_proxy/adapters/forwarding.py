@@ -372,14 +372,17 @@ class Exchange:
             if not server.closed and server.transport is not None:
                 server.transport.write(data)
         if complete:
-            conn = self.conn
-            self.conn = None
-            if conn is not None:
-                conn.release(request_sent=self.upload_done)
+            self._release_conn()
             request = self.request
             if self.close_after:
                 request.keep_alive = False
             self._end(None)
+
+    def _release_conn(self) -> None:
+        """The answer is complete: done with the model connection (back to its pool, or closed)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.release(request_sent=self.upload_done)
 
     def upstream_failed(self, error: UpstreamConnectionError | UpstreamStreamError) -> None:
         if self.done:

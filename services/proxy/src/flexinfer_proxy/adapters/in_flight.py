@@ -18,7 +18,7 @@ from flexinfer_common.clock import Clock, SystemClock
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import InFlightCount, InFlightReport, message_id
-from flexinfer_common.tasks import cancel_and_wait
+from flexinfer_common.tasks import Background
 from flexinfer_proxy.ports import DemandPublisher
 
 log = get_logger("flexinfer.proxy.in_flight")
@@ -40,16 +40,13 @@ class InFlightReporter:
         self._counts = counts
         self._clock = clock or SystemClock()
         self._last: dict[ModelKey, int] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("in-flight-reporter", self._run)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="in-flight-reporter")
+        self._worker.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+        await self._worker.stop()
         if self._last:
             await self._publish({})  # nothing is in flight any more: a drain need not wait for our counts to age
 

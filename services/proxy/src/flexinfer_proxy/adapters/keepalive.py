@@ -157,10 +157,7 @@ class KeptAliveExchange(Exchange):
         if out:
             self.server.write(out)
         if complete:
-            conn = self.conn
-            self.conn = None
-            if conn is not None:
-                conn.release(request_sent=self.upload_done)
+            self._release_conn()
             self._end(None)
 
     def _model_error(self) -> bytes:

@@ -27,7 +27,7 @@ from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import Route
 from flexinfer_common.metrics import BAD_MESSAGES
-from flexinfer_common.tasks import cancel_and_wait
+from flexinfer_common.tasks import Background
 from flexinfer_proxy.ports import RouteSink
 
 log = get_logger("flexinfer.proxy.routes")
@@ -84,19 +84,16 @@ class RouteWatcher:
         self.loaded = asyncio.Event()
         self.watching = False
         self._synced = False
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("route-watcher", self._run)
         self.revision = 0  # the bucket's sequence the table reflects (the last entry the watch applied)
         self._advanced = asyncio.Event()  # set (and replaced) whenever ``revision`` moves
         self._checking: asyncio.Task[bool] | None = None  # one look at the bucket at a time, shared
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="route-watcher")
+        self._worker.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+        await self._worker.stop()
         self.watching = False
 
     async def _run(self) -> None:

@@ -26,6 +26,29 @@ def forward_now(route: Route, queued: int) -> bool:
     return route.ready and queued == 0
 
 
+class Refusal(StrEnum):
+    """Why a request may not wait in its model's queue (the same values in ``Admission`` and ``ConnectFailure``)."""
+
+    QUEUE_FULL = "queue-full"
+    QUEUE_BYTES_FULL = "queue-bytes-full"
+    SHUTTING_DOWN = "shutting-down"
+
+
+def _queue_refusal(
+    queued: int, queue_max: int, shutting_down: bool, held: int, queued_bytes: int, queued_bytes_max: int | None, /
+) -> Refusal | None:
+    """The rule for a request that would wait, new or back after a failed connect: refused while the proxy shuts
+    down, when its model's queue is full, or when the bytes it holds (``held``, its body) would take the bytes held
+    by all waiting requests (``queued_bytes``) past ``queued_bytes_max``. None: it may wait."""
+    if shutting_down:
+        return Refusal.SHUTTING_DOWN
+    if queued >= queue_max:
+        return Refusal.QUEUE_FULL
+    if queued_bytes_max is not None and queued_bytes + held > queued_bytes_max:
+        return Refusal.QUEUE_BYTES_FULL
+    return None
+
+
 def admit(
     *,
     route: Route,
@@ -40,19 +63,12 @@ def admit(
 
     A Ready model with nobody waiting is forwarded at once. While earlier requests still wait (a drain in progress),
     a new one queues behind them, so requests reach the model in arrival order. A failed model queues too (see the
-    module docstring). A request that would wait is refused when its model's queue is full, or when the bytes it
-    holds (``held``, its body) would take the bytes held by all waiting requests (``queued_bytes``) past
-    ``queued_bytes_max``.
+    module docstring). A request that would wait may be refused (``_queue_refusal``).
     """
     if forward_now(route, queued):
         return Admission.FORWARD
-    if shutting_down:
-        return Admission.SHUTTING_DOWN
-    if queued >= queue_max:
-        return Admission.QUEUE_FULL
-    if queued_bytes_max is not None and queued_bytes + held > queued_bytes_max:
-        return Admission.QUEUE_BYTES_FULL
-    return Admission.QUEUE
+    refusal = _queue_refusal(queued, queue_max, shutting_down, held, queued_bytes, queued_bytes_max)
+    return Admission.QUEUE if refusal is None else Admission(refusal)
 
 
 #: How many times one request may go back into its model's queue after connecting to the model failed.
@@ -89,13 +105,8 @@ def after_connect_failure(
     """
     if not never_connected or not body_held or requeues >= max_requeues:
         return ConnectFailure.UNAVAILABLE
-    if shutting_down:
-        return ConnectFailure.SHUTTING_DOWN
-    if queued >= queue_max:
-        return ConnectFailure.QUEUE_FULL
-    if queued_bytes_max is not None and queued_bytes + held > queued_bytes_max:
-        return ConnectFailure.QUEUE_BYTES_FULL
-    return ConnectFailure.REQUEUE
+    refusal = _queue_refusal(queued, queue_max, shutting_down, held, queued_bytes, queued_bytes_max)
+    return ConnectFailure.REQUEUE if refusal is None else ConnectFailure(refusal)
 
 
 class QueueAction(StrEnum):

@@ -4,8 +4,9 @@ and write, the bus inputs) is ``adapters/store.py``; ``Store`` is both."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     delete,
@@ -120,11 +121,7 @@ class ManifestStore:
         if not keys:
             return []
         async with self.sessions.begin() as session:
-            rows = []
-            for key in keys:
-                row = await session.get(ModelRow, tuple(key), with_for_update=True)
-                if row is not None and row.deleting_at is not None and row_parked(row):
-                    rows.append(row)
+            rows = await _parked_rows(session, keys, lambda row: row.deleting_at is not None)
             await delete_rows(session, rows)
             return rows
 
@@ -264,11 +261,10 @@ class ManifestStore:
             return []
         async with self.sessions.begin() as session:
             moves = []
-            for key in keys:
-                row = await session.get(ModelRow, tuple(key), with_for_update=True)
-                if row is not None and row.moving_to is not None and row_parked(row):
-                    moves.append(GroupMove(key, row.group_name or "", row.moving_to))
-                    row.group_name, row.moving_to = row.moving_to, None
+            for row in await _parked_rows(session, keys, lambda row: row.moving_to is not None):
+                assert row.moving_to is not None
+                moves.append(GroupMove(ModelKey(row.namespace, row.name), row.group_name or "", row.moving_to))
+                row.group_name, row.moving_to = row.moving_to, None
             if moves:
                 await session.flush()
                 await session.execute(
@@ -281,24 +277,20 @@ class ManifestStore:
             return moves
 
     async def set_promoted(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
-        async with self.sessions.begin() as session:
-            row = await session.get(ModelRow, (namespace, name))
-            if row is None:
-                return None
-            row.promoted_at = now
-            row.idle_parked_at = None
-            row.failed_at = None
-            return row
+        return await self._update_model(namespace, name, promoted_at=now, idle_parked_at=None, failed_at=None)
 
     async def set_parked(self, namespace: str, name: str, now: datetime) -> ModelRow | None:
         """Park a model as its idle timeout would (the status page's Park): left out of the election until a
         request or demand names it again; a promotion of it ends."""
+        return await self._update_model(namespace, name, idle_parked_at=now, promoted_at=None)
+
+    async def _update_model(self, namespace: str, name: str, **columns: Any) -> ModelRow | None:
+        """Set these columns of a model's row; None when there is no such model."""
         async with self.sessions.begin() as session:
             row = await session.get(ModelRow, (namespace, name))
-            if row is None:
-                return None
-            row.idle_parked_at = now
-            row.promoted_at = None
+            if row is not None:
+                for column, value in columns.items():
+                    setattr(row, column, value)
             return row
 
     async def models(self) -> list[ModelRow]:
@@ -321,3 +313,15 @@ class ManifestStore:
         async with self.sessions() as session:
             rows = await session.scalars(select(SwapRow).order_by(SwapRow.started_at.desc()).limit(limit))
             return list(rows.all())
+
+
+async def _parked_rows(
+    session: AsyncSession, keys: Sequence[ModelKey], pending: Callable[[ModelRow], bool]
+) -> list[ModelRow]:
+    """The rows of these models, locked, that are still ``pending`` (a deletion, a move) and confirmed parked."""
+    rows = []
+    for key in keys:
+        row = await session.get(ModelRow, tuple(key), with_for_update=True)
+        if row is not None and pending(row) and row_parked(row):
+            rows.append(row)
+    return rows

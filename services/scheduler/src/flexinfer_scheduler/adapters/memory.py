@@ -417,10 +417,7 @@ class MemoryStore:
         gone = [
             row
             for key, row in self.models.items()
-            if row.source == source
-            and (namespaces is None or key.namespace in namespaces)
-            and key not in present
-            and (row.source_observed_at is None or row.source_observed_at < listed_at)
+            if key not in present and _unlisted(row, key.namespace, source, namespaces, listed_at)
         ]
         gone_now = [row for row in gone if row_parked(row)]
         for row in gone:
@@ -436,11 +433,9 @@ class MemoryStore:
         gone = [
             name
             for name, row in self.groups.items()
-            if row.source == source
-            and row.manifest is not None
-            and (namespaces is None or row.namespace in namespaces)
+            if row.manifest is not None
             and name not in present
-            and (row.source_observed_at is None or row.source_observed_at < listed_at)
+            and _unlisted(row, row.namespace, source, namespaces, listed_at)
         ]
         for name in [n for n in gone if self.groups[n].policy != GroupPolicy.V1ALPHA1.value]:
             self._forget_gpugroup(self.groups[name])  # a declaration: its group stays
@@ -642,3 +637,15 @@ class MemoryLeaderLock:
     def lose(self) -> None:
         if self.table.holder is self:
             self.table.holder = None
+
+
+def _unlisted(
+    row: ModelRow | GroupRow, namespace: str | None, source: str, namespaces: list[str] | None, listed_at: datetime
+) -> bool:
+    """Whether a row ``source`` made, in a namespace its listing covers, went unseen since the listing began (the
+    caller checks that the listing did not name it)."""
+    return (
+        row.source == source
+        and (namespaces is None or namespace in namespaces)
+        and (row.source_observed_at is None or row.source_observed_at < listed_at)
+    )

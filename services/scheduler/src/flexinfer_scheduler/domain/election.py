@@ -321,6 +321,12 @@ def _overrides_then_candidates(
     return expired, [m for m in snapshot.members if is_eligible(m) and m.key not in expired]
 
 
+def _active_candidate(snapshot: GroupSnapshot, candidates: list[Member]) -> Member | None:
+    """The member on the GPU now, when it is still one of the ``candidates`` (not idle past its timeout, eligible)."""
+    active = snapshot.member(snapshot.active)
+    return active if active is not None and active in candidates else None
+
+
 def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> Election:
     """The v1alpha2 election (see the module docstring). Pure: reads only its arguments."""
     first = _overrides_then_candidates(snapshot, now, lambda m: m.idle_timeout)
@@ -461,8 +467,7 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
     if isinstance(first, Election):
         return first
     expired, candidates = first
-    active = snapshot.member(snapshot.active)
-    holder = active if active is not None and active in candidates else None
+    holder = _active_candidate(snapshot, candidates)
     waiting = [m for m in candidates if m is not holder and asked_for(m, now, params)]
     if holder is None:
         taker = first_in_line(waiting, now)
@@ -525,8 +530,7 @@ def determine_active_model(snapshot: GroupSnapshot, now: datetime, policy: V1Alp
     if isinstance(first, Election):
         return first
     expired, candidates = first
-    active = snapshot.member(snapshot.active)
-    incumbent = active if active is not None and active in candidates else None
+    incumbent = _active_candidate(snapshot, candidates)
     demanded = sorted((m for m in candidates if m.queued >= policy.request_queue_threshold), key=rank)
     if incumbent is None:  # an empty GPU waits for nobody: no hysteresis
         if demanded:

@@ -39,6 +39,7 @@ from flexinfer_common.db import ModelRow
 from flexinfer_common.errors import ApiError
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import LeaseEvent, ModelEvent
+from flexinfer_common.tasks import Background
 from flexinfer_scheduler.adapters.store import Store
 from flexinfer_scheduler.api import group_json
 from flexinfer_scheduler.loop import Scheduler
@@ -147,7 +148,7 @@ class StatusPage:
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._changed = asyncio.Event()
         self._closing = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._worker = Background("status-page", self._run)
         self._consumers: list[Any] = []
 
     # -- life -------------------------------------------------------------------------------------------
@@ -172,17 +173,14 @@ class StatusPage:
                     )
                 except Exception as exc:  # the page still refreshes every few seconds
                     log.warning("status page: cannot follow the bus", extra={"stream": stream, "error": repr(exc)})
-        self._task = asyncio.create_task(self._run(), name="status-page")
+        self._worker.start()
 
     async def stop(self) -> None:
         self._closing.set()
         for consumer in self._consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._worker.stop()
 
     async def _on_message(self, message: BusMessage, _: Delivery) -> None:
         event = event_of(message)

@@ -15,11 +15,11 @@ from tests.integration.test_actuator_local import (  # noqa: F401  (fixtures)
     StartActuator,
     StatusLog,
     debug_logs,
-    process_alive,
     send,
     start_actuator,
     statuses,
 )
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -53,7 +53,7 @@ async def test_the_actuator_obeys_only_the_current_leader(
     await send(bus, "echo", ScaleAction.ACTIVATE, 2, epoch=new.epoch)  # later in the stream than the refused park
     await statuses.wait_for("echo", RuntimePhase.READY, generation=2)
     assert (RuntimePhase.STOPPING, 1_000_000) not in statuses.sequence("echo")
-    assert ready.pid is not None and process_alive(ready.pid)
+    assert ready.pid is not None and alive(ready.pid)
 
     await send(bus, "echo", ScaleAction.PARK, 3, epoch=new.epoch)
     await statuses.wait_for("echo", RuntimePhase.PARKED, generation=3)

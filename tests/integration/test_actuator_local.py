@@ -32,6 +32,7 @@ from flexinfer_common.clock import SystemClock, utcnow
 from flexinfer_common.enums import ParkStrategy, RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello, RuntimeSpec, RuntimeStatus, ScaleCommand
 from flexinfer_testbed.system import fake_model_command
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -66,15 +67,6 @@ def fake_model(name: str, *extra: str, startup_delay: float = 0.0) -> list[str]:
 
 def tiny_server(*, ignore_sigterm: bool = False) -> list[str]:
     return [sys.executable, "-c", TINY_SERVER, "{port}", *(["ignore-term"] if ignore_sigterm else [])]
-
-
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie nobody reaped yet counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def proc_environ(pid: int) -> dict[str, str]:
@@ -249,14 +241,14 @@ async def test_park_reports_stopping_then_parked_and_the_process_is_gone(
 ) -> None:
     actuator = await start_actuator()
     ready = await activated(bus, statuses, "bravo", 1)
-    assert ready.pid is not None and process_alive(ready.pid)
+    assert ready.pid is not None and alive(ready.pid)
 
     await send(bus, "bravo", ScaleAction.PARK, 2)
     parked = await statuses.wait_for("bravo", RuntimePhase.PARKED, generation=2)
 
     assert statuses.sequence("bravo")[2:] == [(RuntimePhase.STOPPING, 2), (RuntimePhase.PARKED, 2)]
     assert parked.pid is None
-    assert not process_alive(ready.pid)  # Parked means reaped, not merely signalled
+    assert not alive(ready.pid)  # Parked means reaped, not merely signalled
     assert actuator.scaler.snapshot() == []
 
     await send(bus, "bravo", ScaleAction.PARK, 3)  # parking a parked model only reports Parked
@@ -283,7 +275,7 @@ async def test_stale_generation_is_ignored_and_a_repeated_one_re_reports(
         (RuntimePhase.READY, 5),
         (RuntimePhase.READY, 5),
     ]
-    assert ready.pid is not None and process_alive(ready.pid)
+    assert ready.pid is not None and alive(ready.pid)
     assert [row.pid for row in actuator.scaler.snapshot()] == [ready.pid]
 
     await send(bus, "charlie", ScaleAction.ACTIVATE, 6)  # newer, while Ready: only reports Ready under generation 6
@@ -393,7 +385,7 @@ async def test_load_timeout_stops_the_process_and_reports_failed(
     failed = await statuses.wait_for("foxtrot", RuntimePhase.FAILED, generation=1, within=5)
 
     assert "not ready within the load timeout (1s)" in failed.message
-    assert loading.pid is not None and not process_alive(loading.pid)
+    assert loading.pid is not None and not alive(loading.pid)
     assert actuator.scaler.snapshot() == []
 
 
@@ -425,7 +417,7 @@ async def test_sleep_park_keeps_the_process_and_activate_wakes_it(
     await send(bus, "hotel", ScaleAction.PARK, 2, park_strategy=sleep)
     parked = await statuses.wait_for("hotel", RuntimePhase.PARKED, generation=2)
     assert statuses.sequence("hotel")[2:] == [(RuntimePhase.STOPPING, 2), (RuntimePhase.PARKED, 2)]
-    assert parked.pid == ready.pid and process_alive(ready.pid or 0)
+    assert parked.pid == ready.pid and alive(ready.pid or 0)
     assert (await get_json(ready.endpoint + "/is_sleeping")) == {"is_sleeping": True}
     assert [(row.pid, row.phase) for row in actuator.scaler.snapshot()] == [(ready.pid, ProcessPhase.SLEEPING)]
 
@@ -445,7 +437,7 @@ async def test_activate_after_a_sleeping_process_died_starts_afresh(
     await statuses.wait_for("india", RuntimePhase.PARKED, generation=2)
     assert ready.pid is not None
     os.kill(ready.pid, signal.SIGKILL)
-    await wait_for(lambda: not process_alive(ready.pid or 0), what="the sleeping process to die")
+    await wait_for(lambda: not alive(ready.pid or 0), what="the sleeping process to die")
 
     woken = await activated(bus, statuses, "india", 3, park_strategy=sleep)
     assert woken.pid != ready.pid
@@ -466,7 +458,7 @@ async def test_a_slow_park_does_not_hold_up_another_model_and_sigkill_follows_th
 
     assert other_ready.time < parked.time  # the models proceed concurrently
     assert (parked.time - stopping.time).total_seconds() >= 1.4  # SIGTERM ignored: SIGKILL after the grace
-    assert stubborn.pid is not None and not process_alive(stubborn.pid)
+    assert stubborn.pid is not None and not alive(stubborn.pid)
 
 
 async def test_actuator_shutdown_leaves_no_model_process_behind(
@@ -480,11 +472,11 @@ async def test_actuator_shutdown_leaves_no_model_process_behind(
     mike = await statuses.wait_for("mike", RuntimePhase.READY)
     november = await statuses.wait_for("november", RuntimePhase.LOADING)
     pids = [s.pid for s in (lima, mike, november)]
-    assert all(pid is not None and process_alive(pid) for pid in pids)
+    assert all(pid is not None and alive(pid) for pid in pids)
 
     await actuator.stop()
 
-    assert [pid for pid in pids if pid is not None and process_alive(pid)] == []
+    assert [pid for pid in pids if pid is not None and alive(pid)] == []
     assert actuator.scaler.snapshot() == []
     for model in ("lima", "mike", "november"):
         parked = await statuses.wait_for(model, RuntimePhase.PARKED, within=2)

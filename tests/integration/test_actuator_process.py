@@ -21,7 +21,8 @@ from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello
 from flexinfer_common.tcp import free_port
 from tests.integration import test_actuator_local as local
-from tests.integration.test_actuator_local import StatusLog, process_alive, send
+from tests.integration.test_actuator_local import StatusLog, send
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -119,7 +120,7 @@ async def test_sigkilled_actuator_takes_its_model_processes_down(
     actuator.process.send_signal(signal.SIGKILL)
     await actuator.process.wait()
 
-    await wait_for(lambda: not process_alive(model_pid), within=5, what="the model process to die with its actuator")
+    await wait_for(lambda: not alive(model_pid), within=5, what="the model process to die with its actuator")
 
 
 async def test_sigterm_stops_every_model_process_and_exits_zero(
@@ -131,6 +132,6 @@ async def test_sigterm_stops_every_model_process_and_exits_zero(
     returncode = await asyncio.wait_for(actuator.process.wait(), timeout=10)
 
     assert returncode == 0, actuator.log()
-    assert not process_alive(model_pid)
+    assert not alive(model_pid)
     parked = await statuses.wait_for("papa", RuntimePhase.PARKED, within=2)
     assert parked.message == "actuator stopped"

@@ -26,7 +26,8 @@ from flexinfer_testbed.servers import (
     plain_database_url,
     start_test_servers,
 )
-from tests.unit.test_embedded import _alive, _dead_pid, _port_free, _wait_dead
+from tests.support.processes import alive
+from tests.unit.test_embedded import _dead_pid, _port_free, _wait_dead
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ async def test_nats_jetstream_roundtrip(tmp_path: Path) -> None:
             await nc.close()
     finally:
         server.stop()
-    assert not _alive(pid)
+    assert not alive(pid)
     assert _port_free(port)
     assert (tmp_path / "nats" / "jetstream").is_dir()
     server.stop()  # idempotent
@@ -105,7 +106,7 @@ async def test_postgres_select_create_database_and_reuse(tmp_path: Path) -> None
             await conn.execute("create table marker (v text); insert into marker values ('kept')")
         finally:
             await conn.close()
-    assert not _alive(pid)
+    assert not alive(pid)
     assert _port_free(port)
 
     # a stale postmaster.pid (dead pid) must not prevent a restart
@@ -143,7 +144,7 @@ def test_servers_die_when_owner_is_sigkilled(tmp_path: Path) -> None:
         line = owner.stdout.readline()
         assert line, f"owner process failed (exit {owner.poll()})"
         info = json.loads(line)
-        assert _alive(info["pg_pid"]) and _alive(info["nats_pid"])
+        assert alive(info["pg_pid"]) and alive(info["nats_pid"])
     finally:
         owner.kill()
         owner.wait()

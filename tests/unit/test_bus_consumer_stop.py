@@ -9,13 +9,16 @@ import nats.errors
 import pytest
 
 from flexinfer_common.bus import Consumer
+from flexinfer_common.tasks import cancel_and_wait
 
 
 class SwallowingSubscription:
     """A pull subscription whose fetch, cancelled, raises a connection error instead (as a client whose connection
-    closes under it does), and fails at once from then on."""
+    closes under it does) and fails at once from then on, or (``answers``) returns as if its reply had arrived in the
+    same turn (``asyncio.wait_for`` on Python 3.11 then drops the cancellation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, answers: bool) -> None:
+        self.answers = answers
         self.fetching = asyncio.Event()
         self.fetches = 0
         self.closed = False
@@ -28,6 +31,8 @@ class SwallowingSubscription:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
+            if self.answers:
+                return []
             self.closed = True
             raise nats.errors.ConnectionClosedError from None
         return []
@@ -36,11 +41,12 @@ class SwallowingSubscription:
         return None
 
 
+@pytest.mark.parametrize("answers", [False, True], ids=["connection-error", "reply-in-the-same-turn"])
 @pytest.mark.parametrize("durable", ["scheduler-demand", None], ids=["durable", "ephemeral"])
 async def test_a_consumer_whose_fetch_swallows_the_cancel_still_stops(
-    durable: str | None, caplog: pytest.LogCaptureFixture
+    durable: str | None, answers: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sub = SwallowingSubscription()
+    sub = SwallowingSubscription(answers=answers)
 
     async def handler(_message: object) -> None:
         return None
@@ -62,8 +68,13 @@ async def test_a_consumer_whose_fetch_swallows_the_cancel_still_stops(
     await sub.fetching.wait()
     task = consumer._task
     assert task is not None
-    async with asyncio.timeout(4):  # under the consumer's own 5 s bound on a stop
-        await consumer.stop()
+    try:
+        async with asyncio.timeout(4):  # under the consumer's own 5 s bound on a stop
+            await consumer.stop()
+    finally:
+        if not task.done():  # the regression: end the loop anyway, so the failure does not hang the session
+            sub.closed, sub.answers = True, False
+            await cancel_and_wait([task])
     assert task.done() and task.cancelled()
     assert "did not stop in time" not in caplog.text
     assert sub.fetches == 1, "no fetch after the stop"

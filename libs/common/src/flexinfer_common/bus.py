@@ -83,9 +83,10 @@ _STOP_TIMEOUT = 5.0
 
 
 def _raise_if_cancelled(task: asyncio.Task[None] | None) -> None:
-    """End a consumer's loop that was asked to stop: nats-py's fetch can take a cancellation for a timeout or a
-    connection error (the request is then still cancelling), and the loop would fetch again on a closed connection
-    for ever, so that whoever stops it, or the event loop's shutdown, waits for nothing."""
+    """End a consumer's loop that was asked to stop: nats-py's fetch can take a cancellation for a timeout, a
+    connection error or even a message that arrived in the same turn (``asyncio.wait_for`` on Python 3.11; the task
+    is then still cancelling), and the loop would fetch again, on a closed connection for ever, so that whoever stops
+    it, or the event loop's shutdown, waits for nothing (see ``flexinfer_common.tasks``)."""
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
 
@@ -276,17 +277,16 @@ class Consumer(Generic[M]):
         failures = 0
         task = asyncio.current_task()
         while True:
+            _raise_if_cancelled(task)
             try:
                 # One message per pull: nats-py's batched fetch, once a first message arrived, waits until the
                 # batch fills or the pull expires (a second here), which put up to a second on every event.
                 batch = await sub.fetch(batch=1, timeout=5.0)
             except TimeoutError:
-                _raise_if_cancelled(task)
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                _raise_if_cancelled(task)
                 failures += 1
                 log.warning("fetch failed; retrying", extra={"consumer": self.name, "error": repr(exc)})
                 await asyncio.sleep(0.5)

@@ -358,99 +358,6 @@ BOUNDED_WAIT: dict[str, tuple[Outcome, GroupSnapshot]] = {
 }
 
 
-QUIET = ago(seconds=30)  # the holder's last request: quiet_after (30 s) ago
-YIELD_PARAMS = dataclasses.replace(PARAMS, quiet_after=timedelta(seconds=30))  # FLEXINFER_QUIET_YIELD=30s
-
-# FlexInfer's quiet yield (opt-in, FLEXINFER_QUIET_YIELD; here 30 s): "busy" for the priority gate then means
-# answering, queued or asked within quiet_after. A quiet holder is parked as for its idle timeout when requests wait
-# for a model of another priority.
-QUIET_YIELD: dict[str, tuple[Outcome, GroupSnapshot]] = {
-    "quiet-yield-lower-priority-gets-a-quiet-gpu": (
-        ("b", ElectionReason.QUIET_YIELD),
-        group(
-            model("a", priority=100, ready=True, active=QUIET),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-lower-priority-never-preempts-a-holder-asked-within-30s": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=ago(seconds=29)),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-lower-priority-never-preempts-a-holder-answering-a-request": (
-        ("a", ElectionReason.READY),
-        group(
-            dataclasses.replace(model("a", priority=100, ready=True, active=ago(minutes=10)), in_flight=1),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-needs-requests-waiting-not-only-a-demand-signal": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=ago(minutes=10)),
-            model("b", priority=50, active=ago(seconds=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-a-holder-never-asked-is-quiet-30s-after-its-load": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, ready_since=ago(seconds=10)),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-ignores-the-swap-cooldown-as-an-idle-timeout-does": (
-        ("b", ElectionReason.QUIET_YIELD),
-        group(
-            model("a", priority=100, ready=True, active=QUIET),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(seconds=5)),
-            model("c", priority=100, preempted=ago(minutes=1)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-higher-priority-takes-the-gpu-back-from-a-quiet-guest": (
-        ("b", ElectionReason.QUIET_YIELD),
-        group(
-            model("a", priority=50, ready=True, active=QUIET),
-            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=10)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-never-between-peers-the-seeds-rules-and-the-bound-decide": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=ago(minutes=1)),
-            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=30)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-not-when-a-peer-of-the-holder-is-first-in-line": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=ago(minutes=1)),
-            model("b", priority=100, active=ago(seconds=1), waiting=timedelta(seconds=30)),
-            model("c", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=4)),
-            active="a",
-        ),
-    ),
-    "quiet-yield-highest-priority-waiting-first": (
-        ("c", ElectionReason.QUIET_YIELD),
-        group(
-            model("a", priority=100, ready=True, active=QUIET),
-            model("b", priority=10, active=ago(seconds=1), waiting=timedelta(minutes=4)),
-            model("c", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
-            active="a",
-        ),
-    ),
-}
-
-
 FALLBACK: dict[str, tuple[Outcome, GroupSnapshot]] = {
     "fallback-skips-a-model-whose-idle-timeout-ran-out-since-it-was-asked-for": (
         ("b", ElectionReason.FALLBACK),
@@ -475,12 +382,6 @@ def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None,
     assert outcome(election) == (leader, reason)
 
 
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), rules(QUIET_YIELD))
-def test_the_quiet_yield_when_configured(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
-    election = choose_shared_group_leader(snapshot, NOW, YIELD_PARAMS)
-    assert outcome(election) == (leader, reason)
-
-
 def test_lease_detail_names_the_owner() -> None:
     snapshot = group(model("a", ready=True), lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=1)))
     assert choose_shared_group_leader(snapshot, NOW, PARAMS).detail == "gpu-lease/trainer"
@@ -502,22 +403,11 @@ def test_the_seeds_exact_rules_never_preempt_a_busy_leader() -> None:
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)
 
 
-def test_a_quiet_yield_parks_the_holder_as_its_idle_timeout_would() -> None:
-    """The yielded holder is listed with the idle-expired members: it is parked, not preempted (no cooldown), and
-    is left out until a request names it again."""
-    snapshot = group(
-        model("a", priority=100, ready=True, active=QUIET),
-        model("b", priority=50, active=ago(seconds=1), waiting=timedelta(minutes=1)),
-        active="a",
-    )
-    election = choose_shared_group_leader(snapshot, NOW, YIELD_PARAMS)
-    assert election.idle_expired == (ModelKey("default", "a"),)
-
-
-@pytest.mark.parametrize("params", [PARAMS, ElectionParams(bounded_wait=False)], ids=["default", "seed"])
-def test_without_the_quiet_yield_lower_priority_never_takes_a_quiet_leaders_gpu(params: ElectionParams) -> None:
-    """By default (FLEXINFER_QUIET_YIELD unset), as in the seed's "Lower-Priority Model Never Activates", a
-    lower-priority model waits for the holder's idle timeout, however long the holder has been idle."""
+@pytest.mark.parametrize("params", [PARAMS, ElectionParams(bounded_wait=False)], ids=["bounded-wait", "seed"])
+def test_under_the_seeds_stages_lower_priority_never_takes_a_quiet_leaders_gpu(params: ElectionParams) -> None:
+    """Under the seed's four stages (with or without the bounded wait), as in the seed's "Lower-Priority Model Never
+    Activates", a lower-priority model waits for the holder's idle timeout, however long the holder has been idle
+    (FlexInfer's policy yields a quiet GPU instead: tests/unit/test_flexinfer_policy.py)."""
     snapshot = group(
         model("a", priority=100, ready=True, active=ago(minutes=10)),
         model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),

@@ -23,7 +23,7 @@ Policies, side by side:
 - ``seed``: the seed's exact v1alpha2: ``lastActiveTime`` moves only when a request for a model that is not serving
   triggers a scale-up (no activity from served requests, no refresh while requests wait), no bounded wait, no drain;
 - ``flexinfer``: FlexInfer's default v1alpha2 (demand renewed while requests wait, activity from served requests,
-  the bounded wait, the quiet yield between models of different priorities, the drain);
+  idle as quiet for 10 s and the quiet holder's yield, the hold of one measured load, the bounded wait, the drain);
 - ``v1alpha1``: a GPUGroup with the seed's default policy (threshold 3, hysteresis 10 s, minimum run 30 s, ...);
 - ``offline``: a lower bound on the loads any policy needs to answer every request within the queue timeout
   (nothing is simulated).

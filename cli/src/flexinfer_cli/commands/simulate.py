@@ -27,8 +27,8 @@ def simulate(
         str | None,
         typer.Option(
             "--quiet-yield",
-            help="FLEXINFER_QUIET_YIELD for the flexinfer policy: a holder with no request for this long yields to "
-            "waiting requests of another priority (default: off, as the scheduler).",
+            help="FLEXINFER_QUIET_YIELD for the flexinfer policy: a holder with nothing in flight or queued and no "
+            "request for this long is idle and may yield to a waiting model (default: 10s, as the scheduler).",
         ),
     ] = None,
     one_at_a_time: Annotated[

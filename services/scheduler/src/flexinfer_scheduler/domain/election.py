@@ -9,16 +9,10 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
    priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
-FlexInfer's quiet yield (opt-in: ``quiet_after``, the setting FLEXINFER_QUIET_YIELD; off by default, which keeps
-the seed's "Lower-Priority Model Never Activates"; before stage 1): a model that holds the GPU but is quiet — nothing
-in flight, nothing queued, no request for ``quiet_after`` (30 s, about one model load, is a good value) — is parked
-as for its idle timeout when requests wait
-for a model of another priority: a lower-priority model gets the GPU then (the seed's "wait for the active model to
-scale to zero via idle timeout", without the minutes of an idle GPU), and a higher-priority model gets it back from
-a quiet lower-priority one. It is no preemption (no cooldown starts; the yielded model comes back at its next
-request by the rules above). "Busy" for the priority gate thus means: answering, queued, or asked within
-``quiet_after``. Between models of the same priority the seed's rules and the bounded wait decide (a quiet yield
-between peers would swap at every lull of two overlapping bursts: the seed's "Continuous Swap Loop").
+These refinements are off in the seed policy (``ElectionParams.seed()``, which the scheduler and the simulator run
+for ``FLEXINFER_SCHEDULING_POLICY=seed``): there the four stages are the seed's exactly. FlexInfer's own policy (the
+default) is ``choose_flexinfer_leader`` below: idle means quiet for ``quiet_period`` (FLEXINFER_QUIET_YIELD), a
+quiet holder yields to a waiting model whatever the priorities, a new holder keeps the GPU for its measured load.
 
 Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
 forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
@@ -67,17 +61,12 @@ class ElectionParams:
     demand_window: timedelta = timedelta(minutes=2)
     recent_window: timedelta = timedelta(minutes=5)
     default_swap_cooldown: timedelta = timedelta(minutes=5)
-    # FlexInfer's refinements of the seed's rules; both off: the seed's exact rules (the simulator compares them).
+    # FlexInfer's refinements of the seed's rules; both off: the seed's exact rules (``seed()``).
     # The bounded wait (``spec.gpu.maxWait``, default the demand window): a busy incumbent is preempted for a model
     # of priority >= its own whose requests waited that long.
     bounded_wait: bool = True
     # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
     idle_aware_fallback: bool = True
-    # The quiet yield (opt-in, FLEXINFER_QUIET_YIELD): how long the holder must have had no request (and none in
-    # flight or queued) before it yields to a waiting model of another priority; about one model load (30 s) is a
-    # good value: a holder idle that long has lost at least what the reload will cost it should its next request
-    # come at once. None (the default): never, as in the seed ("Lower-Priority Model Never Activates").
-    quiet_after: timedelta | None = None
     # Which election a v1alpha2 group runs (a group's own ``spec.scheduling`` wins): FlexInfer's policy (below,
     # ``choose_flexinfer_leader``) or the seed's exact rules (``choose_shared_group_leader`` with the refinements
     # above off, whatever they are set to).
@@ -106,10 +95,8 @@ class ElectionParams:
         return self.flexinfer_max_wait if self.policy is SchedulingPolicy.FLEXINFER else self.demand_window
 
     def seed(self) -> ElectionParams:
-        """These parameters with the seed's exact rules: no bounded wait, no idle-aware fallback, no quiet yield."""
-        return replace(
-            self, policy=SchedulingPolicy.SEED, bounded_wait=False, idle_aware_fallback=False, quiet_after=None
-        )
+        """These parameters with the seed's exact rules: no bounded wait, no idle-aware fallback."""
+        return replace(self, policy=SchedulingPolicy.SEED, bounded_wait=False, idle_aware_fallback=False)
 
 
 @dataclass(frozen=True)
@@ -260,22 +247,6 @@ def is_quiet(member: Member, now: datetime, after: timedelta) -> bool:
     return since is None or now - since >= after
 
 
-def quiet_yield(
-    active: Member | None, candidates: list[Member], now: datetime, params: ElectionParams
-) -> Member | None:
-    """The waiting model that takes the GPU from a quiet holder, if any: the first in line (highest priority, then
-    the longest waiting) among the members with requests queued, unless it is the holder's peer (same priority)."""
-    if params.quiet_after is None or active is None or active not in candidates or not active.ready:
-        return None
-    if not is_quiet(active, now, params.quiet_after):
-        return None
-    waiting = [m for m in candidates if m is not active and m.queued > 0]
-    if not waiting:
-        return None
-    first = min(waiting, key=lambda m: (-m.priority, m.demand_since or now, rank(m)))
-    return first if first.priority != active.priority else None
-
-
 def _longest_overdue(
     candidates: list[Member], floor: int, holder: Member | None, now: datetime, params: ElectionParams
 ) -> Member | None:
@@ -335,11 +306,6 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     expired, candidates = first
 
     active = snapshot.member(snapshot.active)
-    # The quiet yield: the holder is parked as for its idle timeout (listed with the expired ones), so it is not
-    # preempted (no cooldown) and comes back only once asked again. It ignores the cooldown as an idle park does.
-    taker = quiet_yield(active, candidates, now, params)
-    if taker is not None and active is not None:
-        return Election(taker.key, ElectionReason.QUIET_YIELD, (*expired, active.key))
 
     # Stage 1: anti-thrashing.
     if active is not None and active in candidates and seed_cooldown_remaining(snapshot, now, params) > timedelta(0):

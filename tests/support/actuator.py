@@ -1,17 +1,31 @@
 """A stand-in actuator's side of the bus, for tests that run the scheduler against a memory bus: what it reports
-when it has carried out a command at once."""
+when it has carried out a command at once; and a command as the actuator's own rules receive it."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from flexinfer_common import subjects
 from flexinfer_common.enums import RuntimePhase, ScaleAction
-from flexinfer_common.messages import RuntimeStatus, ScaleCommand
+from flexinfer_common.messages import RuntimeSpec, RuntimeStatus, ScaleCommand
 
 #: where a model that a stand-in actuator reports Ready "serves" (nothing listens there)
 ENDPOINT = "http://127.0.0.1:9"
+
+
+def scale_command(*, generation: int, epoch: int = 0) -> ScaleCommand:
+    """An activate of ``default/m`` (``serve``) of ``generation``, sent by the scheduler leader of ``epoch`` (0: a
+    scheduler without fencing)."""
+    return ScaleCommand(
+        namespace="default",
+        model="m",
+        action=ScaleAction.ACTIVATE,
+        generation=generation,
+        leader_epoch=epoch,
+        runtime=RuntimeSpec(namespace="default", name="m", command=["serve"]),
+        issued_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
 
 
 def done(command: ScaleCommand) -> RuntimePhase:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -29,19 +28,9 @@ from flexinfer_actuator.domain.commands import (
     tail_lines,
 )
 from flexinfer_actuator.domain.processes import ProcessPhase
-from flexinfer_common.enums import ParkStrategy, ScaleAction
-from flexinfer_common.messages import RuntimeSpec, ScaleCommand
-
-
-def command(*, generation: int, action: ScaleAction = ScaleAction.ACTIVATE) -> ScaleCommand:
-    return ScaleCommand(
-        namespace="default",
-        model="m",
-        action=action,
-        generation=generation,
-        runtime=RuntimeSpec(namespace="default", name="m", command=["serve"]),
-        issued_at=datetime(2026, 1, 1, tzinfo=UTC),
-    )
+from flexinfer_common.enums import ParkStrategy
+from flexinfer_common.messages import RuntimeSpec
+from tests.support.actuator import scale_command
 
 
 @pytest.mark.parametrize(
@@ -57,7 +46,7 @@ def command(*, generation: int, action: ScaleAction = ScaleAction.ACTIVATE) -> S
     ],
 )
 def test_should_apply(generation: int, last_applied: int | None, expected: GenerationVerdict) -> None:
-    assert should_apply(command(generation=generation), last_applied) is expected
+    assert should_apply(scale_command(generation=generation), last_applied) is expected
 
 
 @pytest.mark.parametrize(

@@ -3,26 +3,11 @@ on each command before its generation."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from flexinfer_actuator.domain.commands import GenerationVerdict
 from flexinfer_actuator.domain.fencing import EpochVerdict, judge_command
-from flexinfer_common.enums import ScaleAction
-from flexinfer_common.messages import RuntimeSpec, ScaleCommand
-
-
-def command(*, epoch: int, generation: int) -> ScaleCommand:
-    return ScaleCommand(
-        namespace="default",
-        model="m",
-        action=ScaleAction.ACTIVATE,
-        generation=generation,
-        leader_epoch=epoch,
-        runtime=RuntimeSpec(namespace="default", name="m", command=["serve"]),
-        issued_at=datetime(2026, 1, 1, tzinfo=UTC),
-    )
+from tests.support.actuator import scale_command
 
 
 @pytest.mark.parametrize(
@@ -52,7 +37,5 @@ def test_judge_command(
     last_applied: tuple[int, int] | None,
     expected: tuple[EpochVerdict, GenerationVerdict | None],
 ) -> None:
-    assert (
-        judge_command(command(epoch=epoch, generation=generation), highest_epoch=highest, last_applied=last_applied)
-        == expected
-    )
+    command = scale_command(generation=generation, epoch=epoch)
+    assert judge_command(command, highest_epoch=highest, last_applied=last_applied) == expected

@@ -17,6 +17,9 @@ Requests = list[dict[str, object]]  # one trace's requests: {"at", "model", "tok
 #: where ``write`` puts a trace: this folder, or (for bench/policy_comparison.py's variants) a list of lines
 OUT: dict[str, list[str]] | None = None
 
+#: the card most traces run on (``capacity``)
+ONE_24GI_CARD: dict[str, object] = {"devices": 1, "memoryPerDevice": "24Gi"}
+
 
 def write(
     name: str,
@@ -116,7 +119,7 @@ def homelab_day(rng: random.Random) -> None:
         models,
         requests,
         "A homelab day: chat, code, embeddings and images share one 24 GB GPU",
-        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+        capacity=ONE_24GI_CARD,
     )
 
 
@@ -158,11 +161,11 @@ def adversarial_alternation() -> None:
         models,
         requests,
         "Steady, interleaved traffic on two busy models (14 GiB each on a 24 GiB card: they never fit together)",
-        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+        capacity=ONE_24GI_CARD,
     )
 
 
-def team_working_day(rng: random.Random, name: str = "team-working-day.jsonl") -> None:
+def team_working_day(rng: random.Random) -> None:
     """Eight working hours of a team: two equal-priority assistants (a code assistant and a chat assistant) used in
     interleaved sessions all day, and a lower-priority summarizer that digests documents in the afternoon."""
     models = [
@@ -186,15 +189,15 @@ def team_working_day(rng: random.Random, name: str = "team-working-day.jsonl") -
             requests, "summarize", at, rng.randint(10, 25), lambda: rng.randint(200, 500), lambda: rng.uniform(0.5, 4)
         )
     write(
-        name,
+        "team-working-day.jsonl",
         models,
         requests,
         "A team's working day: two equal-priority assistants, a summarizer after lunch (24 GiB: any two fit)",
-        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+        capacity=ONE_24GI_CARD,
     )
 
 
-def chat_beside_batch(rng: random.Random, name: str = "chat-beside-batch.jsonl") -> None:
+def chat_beside_batch(rng: random.Random) -> None:
     """Six hours: a high-priority chat used steadily all day, a low-priority batch job of 150 requests every 40
     minutes, and a middle-priority model asked a few times."""
     models = [
@@ -230,15 +233,15 @@ def chat_beside_batch(rng: random.Random, name: str = "chat-beside-batch.jsonl")
         at = rng.uniform(0, 6) * 3600
         session(requests, "vision", at, rng.randint(1, 4), lambda: rng.randint(80, 300), lambda: rng.uniform(10, 60))
     write(
-        name,
+        "chat-beside-batch.jsonl",
         models,
         requests,
         "Steady high-priority chat, a low-priority batch every 40 min, a rare vision model (24 GiB: chat and one more)",
-        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+        capacity=ONE_24GI_CARD,
     )
 
 
-def many_models(rng: random.Random, name: str = "many-models.jsonl") -> None:
+def many_models(rng: random.Random) -> None:
     """Four hours, eight equal-priority models of Zipf-like popularity, each used in short sessions."""
     names = [f"m{i}" for i in range(1, 9)]
     models = [
@@ -259,11 +262,11 @@ def many_models(rng: random.Random, name: str = "many-models.jsonl") -> None:
         at = rng.uniform(0, 4) * 3600
         session(requests, model, at, rng.randint(2, 8), exponential_tokens(rng, 200), lambda: rng.uniform(5, 60))
     write(
-        name,
+        "many-models.jsonl",
         models,
         requests,
         "Eight equal-priority models of Zipf-like popularity, short sessions (4-12 GiB each on a 24 GiB card)",
-        capacity={"devices": 1, "memoryPerDevice": "24Gi"},
+        capacity=ONE_24GI_CARD,
     )
 
 

@@ -77,15 +77,7 @@ def create_app(*, manager: LeaseManager, admin_token: str | None, readiness: Rea
     ) -> LeaseBody:
         """Take the group: its serving models park (``phase`` Parking, then Held). 409 naming the holder when the
         group is leased already."""
-        lease_request = LeaseRequest(
-            group=body.group,
-            owner=body.owner,
-            node=body.node,
-            ttl_seconds=body.ttl_seconds,
-            name=body.name,
-            namespace=body.namespace,
-            memory=body.memory,
-        )
+        lease_request = LeaseRequest(**body.model_dump())  # the body's fields, by the same names
         try:
             lease = await manager.acquire(lease_request, wait=_wait(wait), client_gone=request.is_disconnected)
         except LeaseRefused as exc:

@@ -145,7 +145,7 @@ VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISI
 def readiness_url(port: int, readiness_path: str | None) -> str:
     readiness_path = readiness_path or "/health"
     path = readiness_path if readiness_path.startswith("/") else "/" + readiness_path
-    return f"http://127.0.0.1:{port}{path}"
+    return local_endpoint(port) + path
 
 
 def local_endpoint(port: int) -> str:

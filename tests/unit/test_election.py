@@ -3,23 +3,20 @@ semantics", "Anti-Thrashing Mechanics", "Demand Signaling Lifecycle", "Training 
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexinfer_common.enums import RuntimePhase, SchedulingPolicy, SwapPhase, SwapReason
+from flexinfer_common.enums import RuntimePhase, SchedulingPolicy
 from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import ElectionParams, ElectionReason, choose_shared_group_leader, elect
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member, Swap
+from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member
 from tests.support.elections import Outcome, outcome, rules
 from tests.support.members import member
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-#: ``choose_shared_group_leader`` with FlexInfer's old refinements on (bounded wait at the demand window,
-#: idle-aware fallback); ``SEED``: the seed's exact rules, what FLEXINFER_SCHEDULING_POLICY=seed runs
-PARAMS = ElectionParams(policy=SchedulingPolicy.SEED)
-SEED = PARAMS.seed()
+#: the seed's exact rules, what FLEXINFER_SCHEDULING_POLICY=seed runs
+SEED = ElectionParams().seed()
 
 
 def ago(**kw: float) -> datetime:
@@ -243,169 +240,36 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
 
 BUSY = ago(seconds=5)  # the loaded model answered a request 5 s ago: busy, never idle
 
-# FlexInfer's bounded wait (docs/reference.md sections 1 and 6): a demanded model of priority >= the busy leader's
-# gets the GPU once it has waited spec.gpu.maxWait (default: the demand window, 2 min); lower priority never
-# preempts; the swap cooldown (stage 1) still holds the active model; within the bound the loaded model keeps serving.
-BOUNDED_WAIT: dict[str, tuple[Outcome, GroupSnapshot]] = {
-    "bounded-wait-loaded-model-keeps-serving-within-the-bound": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", active=ago(seconds=1), waiting=timedelta(seconds=119)),
-            active="a",
-        ),
-    ),
-    "bounded-wait-equal-priority-takes-a-busy-gpu-at-the-demand-window": (
-        ("b", ElectionReason.MAX_WAIT),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=2)),
-            active="a",
-        ),
-    ),
-    "bounded-wait-from-spec-maxWait": (
-        ("b", ElectionReason.MAX_WAIT),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", active=ago(seconds=1), waiting=timedelta(seconds=30), max_wait=timedelta(seconds=30)),
-            active="a",
-        ),
-    ),
-    "bounded-wait-lower-priority-never-preempts": (
-        ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=BUSY),
-            model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
-            active="a",
-        ),
-    ),
-    "queue-order-loaded-model-serves-its-backlog-within-the-bound": (
-        ("a", ElectionReason.READY),
-        group(
-            dataclasses.replace(model("a", ready=True, active=BUSY), queued=40),
-            model("b", active=ago(seconds=1), waiting=timedelta(seconds=119)),
-            active="a",
-        ),
-    ),
-    "queue-order-a-model-just-loaded-first-answers-what-waited-through-its-load": (
-        ("a", ElectionReason.READY),
-        group(
-            dataclasses.replace(model("a", ready=True, active=BUSY, ready_since=ago(seconds=5)), queued=40),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=3)),
-            active="a",
-        ),
-    ),
-    "queue-order-requests-queued-by-the-drain-do-not-undo-the-swap": (
-        ("b", ElectionReason.MAX_WAIT),
-        dataclasses.replace(
-            group(
-                dataclasses.replace(model("a", ready=True, active=BUSY), queued=3),
-                model("b", active=ago(seconds=1), waiting=timedelta(minutes=2, seconds=10)),
-                active="b",
-            ),
-            swap=Swap(
-                "s1",
-                ModelKey("default", "a"),
-                ModelKey("default", "b"),
-                SwapReason.MAX_WAIT,
-                SwapPhase.DRAINING,
-                ago(seconds=10),
-                ago(seconds=10),
-            ),
-        ),
-    ),
-    "bounded-wait-an-overdue-model-goes-before-a-peer-asked-more-recently-when-nothing-is-loaded": (
-        ("b", ElectionReason.MAX_WAIT),
-        group(
-            dataclasses.replace(model("a", active=ago(seconds=1), waiting=timedelta(seconds=10)), queued=1),
-            model("b", active=ago(seconds=5), waiting=timedelta(minutes=2, seconds=20)),
-            active="b",
-        ),
-    ),
-    "bounded-wait-within-the-bound-the-seeds-demand-order-holds-when-nothing-is-loaded": (
-        ("a", ElectionReason.DEMAND),
-        group(
-            dataclasses.replace(model("a", active=ago(seconds=1), waiting=timedelta(seconds=10)), queued=1),
-            model("b", active=ago(seconds=5), waiting=timedelta(minutes=1)),
-        ),
-    ),
-    "bounded-wait-swap-cooldown-still-holds": (
-        ("a", ElectionReason.COOLDOWN),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=10), preempted=ago(minutes=4)),
-            active="a",
-        ),
-    ),
-    "bounded-wait-longest-waiting-first-among-equal-priorities": (
-        ("c", ElectionReason.MAX_WAIT),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", active=ago(seconds=1), waiting=timedelta(minutes=3)),
-            model("c", active=ago(seconds=2), waiting=timedelta(minutes=5)),
-            active="a",
-        ),
-    ),
-    "bounded-wait-higher-priority-first": (
-        ("b", ElectionReason.MAX_WAIT),
-        group(
-            model("a", ready=True, active=BUSY),
-            model("b", priority=10, active=ago(seconds=1), waiting=timedelta(minutes=3)),
-            model("c", active=ago(seconds=2), waiting=timedelta(minutes=5)),
-            active="a",
-        ),
-    ),
-}
 
-
-FALLBACK: dict[str, tuple[Outcome, GroupSnapshot]] = {
-    "fallback-skips-a-model-whose-idle-timeout-ran-out-since-it-was-asked-for": (
-        ("b", ElectionReason.FALLBACK),
-        group(
-            model("a", priority=100, active=ago(minutes=4), idle_timeout=timedelta(minutes=3)),
-            model("b", priority=50, active=ago(minutes=30)),
-        ),
-    ),
-    "recent-leader-still-within-its-idle-timeout": (
-        ("a", ElectionReason.RECENT),
-        group(
-            model("a", priority=100, active=ago(minutes=2, seconds=30), idle_timeout=timedelta(minutes=3)),
-            model("b", priority=50),
-        ),
-    ),
-}
-
-
-@pytest.mark.parametrize(("snapshot", "leader", "reason"), rules(CASES, BOUNDED_WAIT, FALLBACK))
+@pytest.mark.parametrize(("snapshot", "leader", "reason"), rules(CASES))
 def test_choose_shared_group_leader(snapshot: GroupSnapshot, leader: str | None, reason: ElectionReason) -> None:
-    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    election = choose_shared_group_leader(snapshot, NOW, SEED)
     assert outcome(election) == (leader, reason)
 
 
 def test_lease_detail_names_the_owner() -> None:
     snapshot = group(model("a", ready=True), lease=Lease("l", "gpu", "trainer", NOW + timedelta(minutes=1)))
-    assert choose_shared_group_leader(snapshot, NOW, PARAMS).detail == "gpu-lease/trainer"
+    assert choose_shared_group_leader(snapshot, NOW, SEED).detail == "gpu-lease/trainer"
 
 
 def test_idle_timeout_reports_the_expired_member() -> None:
     snapshot = group(model("a", ready=True, ready_since=ago(minutes=6), idle_timeout=timedelta(minutes=5)), active="a")
-    election = choose_shared_group_leader(snapshot, NOW, PARAMS)
+    election = choose_shared_group_leader(snapshot, NOW, SEED)
     assert election.leader is None
     assert election.idle_expired == (ModelKey("default", "a"),)
 
 
 def test_the_seeds_exact_rules_never_preempt_a_busy_leader() -> None:
-    """With the bounded wait off (the seed's rules, which the simulator compares), a busy leader keeps the GPU."""
+    """The seed has no bounded wait: a busy leader keeps the GPU however long a peer waits."""
     snapshot = group(
         model("a", ready=True, active=BUSY), model("b", active=ago(seconds=1), waiting=timedelta(hours=1)), active="a"
     )
-    election = choose_shared_group_leader(snapshot, NOW, ElectionParams(bounded_wait=False))
+    election = choose_shared_group_leader(snapshot, NOW, SEED)
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)
 
 
-@pytest.mark.parametrize("params", [PARAMS, ElectionParams(bounded_wait=False)], ids=["bounded-wait", "seed"])
-def test_under_the_seeds_stages_lower_priority_never_takes_a_quiet_leaders_gpu(params: ElectionParams) -> None:
-    """Under the seed's four stages (with or without the bounded wait), as in the seed's "Lower-Priority Model Never
+def test_under_the_seeds_stages_lower_priority_never_takes_a_quiet_leaders_gpu() -> None:
+    """Under the seed's four stages, as in the seed's "Lower-Priority Model Never
     Activates", a lower-priority model waits for the holder's idle timeout, however long the holder has been idle
     (FlexInfer's policy yields a quiet GPU instead: tests/unit/test_flexinfer_policy.py)."""
     snapshot = group(
@@ -413,7 +277,7 @@ def test_under_the_seeds_stages_lower_priority_never_takes_a_quiet_leaders_gpu(p
         model("b", priority=50, active=ago(seconds=1), waiting=timedelta(hours=1)),
         active="a",
     )
-    election = choose_shared_group_leader(snapshot, NOW, params)
+    election = choose_shared_group_leader(snapshot, NOW, SEED)
     assert (election.leader, election.reason) == (ModelKey("default", "a"), ElectionReason.READY)
 
 

@@ -3,6 +3,7 @@ exact election one setting away (``policy=seed``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -87,6 +88,16 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
         ("c", ElectionReason.FALLBACK),
         group(member("a"), member("b", last=400), member("c", priority=50)),
     ),
+    "nobody-asked-no-fallback-to-a-model-whose-idle-timeout-ran-out-since-it-was-asked-for": (
+        ("b", ElectionReason.FALLBACK),
+        group(
+            member("a", priority=100, last=240, idle_timeout=timedelta(minutes=3)), member("b", priority=50, last=1800)
+        ),
+    ),
+    "nobody-asked-recent-within-its-idle-timeout": (
+        ("a", ElectionReason.RECENT),
+        group(member("a", priority=100, last=150, idle_timeout=timedelta(minutes=3)), member("b", priority=50)),
+    ),
     "busy-holder-keeps-the-gpu-within-the-bound": (
         ("a", ElectionReason.READY),
         group(member("a", holds=True, last=5, in_flight=1), member("b", queued=9, waited=200)),
@@ -94,6 +105,21 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
     "bounded-wait-preempts-a-busy-peer": (
         ("b", ElectionReason.MAX_WAIT),
         group(member("a", holds=True, last=1, in_flight=2), member("b", queued=1, waited=241)),
+    ),
+    "bounded-wait-from-spec-maxWait": (
+        ("b", ElectionReason.MAX_WAIT),
+        group(
+            member("a", holds=True, last=1, in_flight=2),
+            dataclasses.replace(member("b", queued=1, waited=31), max_wait=timedelta(seconds=30)),
+        ),
+    ),
+    "bounded-wait-the-longest-overdue-first": (
+        ("c", ElectionReason.MAX_WAIT),
+        group(
+            member("a", holds=True, last=1, in_flight=2),
+            member("b", queued=5, waited=250),
+            member("c", queued=1, waited=300),
+        ),
     ),
     "lower-priority-never-preempts-a-busy-holder": (
         ("a", ElectionReason.READY),

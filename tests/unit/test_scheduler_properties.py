@@ -491,7 +491,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def busy_incumbent_yields_within_the_bound(self, data: st.DataObject) -> None:
         """The bounded wait (v1alpha2): with the incumbent kept busy (a request every tick), a demanded model whose
-        priority is at least the incumbent's serves within its maxWait (default: the demand window) plus what the
+        priority is at least the incumbent's serves within its maxWait (default 4 min) plus what the
         swap cooldown has left and a few rounds (drain included), whatever the earlier steps left behind."""
         sim = self.sim
         sim.clear_overrides()

@@ -616,7 +616,8 @@ class Simulation:
 
     def _check_bound(self, snapshot: GroupSnapshot, leader: ModelKey | None, cooldown: timedelta) -> None:
         """Measure ``over_bound``: the models of priority >= the holder's whose oldest waiting request is older than
-        their maxWait (the election's default: the demand window), after the cooldown, and still not elected."""
+        their bound (``max_wait``: maxWait, default 4 min; the demand window for the seed, which has none), after the
+        cooldown, and still not elected."""
         if self.outcome.over_bound is None:
             return
         if cooldown > timedelta(0):

@@ -4,15 +4,15 @@ v1alpha2 (``spec.gpu.shared``), ``choose_shared_group_leader`` — the seed's fo
 1. anti-thrashing: a member preempted within the group's cooldown (max ``swapCooldown``) keeps the Active model;
 2. classify: readyLeader (loaded), recentLeader (active within 5 min), demandedLeader (within the 2 min demand
    window), fallbackLeader (any), each the best by priority, then most recent ``lastActiveTime``, then name;
-3. demand preemption: the demanded model wins when the ready leader is idle and ``demandedPriority >= readyPriority``;
-   and, FlexInfer's bounded wait, when it has waited ``spec.gpu.maxWait`` (default: the demand window) with a
-   priority >= the leader's, even though the leader is busy (it then drains); lower priority never preempts;
+3. demand preemption: the demanded model wins when the ready leader is idle and ``demandedPriority >= readyPriority``
+   (the only path where a swap away from a loaded model can happen: a busy leader is never preempted);
 4. fallback: readyLeader > recentLeader > fallbackLeader.
 
-These refinements are off in the seed policy (``ElectionParams.seed()``, which the scheduler and the simulator run
-for ``FLEXINFER_SCHEDULING_POLICY=seed``): there the four stages are the seed's exactly. FlexInfer's own policy (the
-default) is ``choose_flexinfer_leader`` below: idle means quiet for ``quiet_period`` (FLEXINFER_QUIET_YIELD), a
-quiet holder yields to a waiting model whatever the priorities, a new holder keeps the GPU for its measured load.
+That is the seed's policy exactly, which the scheduler and the simulator run for ``FLEXINFER_SCHEDULING_POLICY=seed``
+(or a group's ``spec.scheduling: seed``). FlexInfer's own policy (the default) is ``choose_flexinfer_leader`` below:
+idle means quiet for ``quiet_period`` (FLEXINFER_QUIET_YIELD), a quiet holder yields to a waiting model whatever the
+priorities, a new holder keeps the GPU for its measured load, a busy one is preempted after the bounded wait
+(``spec.gpu.maxWait``), and a model whose idle timeout ran out since it was asked for is not loaded as a fallback.
 
 Around those stages: an unexpired GPU lease means no leader at all (it beats even forcePromotion); then
 forcePromotion / a promote call; then members that may not run are left out: one parked by its idle timeout or one
@@ -61,15 +61,8 @@ class ElectionParams:
     demand_window: timedelta = timedelta(minutes=2)
     recent_window: timedelta = timedelta(minutes=5)
     default_swap_cooldown: timedelta = timedelta(minutes=5)
-    # FlexInfer's refinements of the seed's rules; both off: the seed's exact rules (``seed()``).
-    # The bounded wait (``spec.gpu.maxWait``, default the demand window): a busy incumbent is preempted for a model
-    # of priority >= its own whose requests waited that long.
-    bounded_wait: bool = True
-    # No recent/fallback load of a model whose idle timeout ran out since it was last asked for.
-    idle_aware_fallback: bool = True
     # Which election a v1alpha2 group runs (a group's own ``spec.scheduling`` wins): FlexInfer's policy (below,
-    # ``choose_flexinfer_leader``) or the seed's exact rules (``choose_shared_group_leader`` with the refinements
-    # above off, whatever they are set to).
+    # ``choose_flexinfer_leader``) or the seed's exact rules (``choose_shared_group_leader``).
     policy: SchedulingPolicy = SchedulingPolicy.FLEXINFER
     # FlexInfer's policy. ``quiet_period``: a holder with nothing in flight, nothing queued and no request for this
     # long is idle (the seed: not asked within the demand window). ``hold_factor`` x the holder's measured load
@@ -88,15 +81,14 @@ class ElectionParams:
     explicit_swap_cooldown: timedelta | None = None
 
     def max_wait(self, member: Member) -> timedelta | None:
-        if not self.bounded_wait:
+        """The member's bounded wait: its ``spec.gpu.maxWait``, else ``flexinfer_max_wait``; the seed has none."""
+        if self.policy is SchedulingPolicy.SEED:
             return None
-        if member.max_wait is not None:
-            return member.max_wait
-        return self.flexinfer_max_wait if self.policy is SchedulingPolicy.FLEXINFER else self.demand_window
+        return member.max_wait if member.max_wait is not None else self.flexinfer_max_wait
 
     def seed(self) -> ElectionParams:
-        """These parameters with the seed's exact rules: no bounded wait, no idle-aware fallback."""
-        return replace(self, policy=SchedulingPolicy.SEED, bounded_wait=False, idle_aware_fallback=False)
+        """These parameters with the seed's exact rules."""
+        return replace(self, policy=SchedulingPolicy.SEED)
 
 
 @dataclass(frozen=True)
@@ -265,10 +257,6 @@ def _longest_overdue(
     return min(overdue, key=lambda m: (-m.priority, m.demand_since, rank(m))) if overdue else None
 
 
-def _swapping_away(snapshot: GroupSnapshot, member: Member) -> bool:
-    return snapshot.swap is not None and snapshot.swap.from_model == member.key
-
-
 def _forced(snapshot: GroupSnapshot) -> Member | None:
     forced = [m for m in snapshot.members if m.force_promotion and not m.leaving]
     if forced:
@@ -311,40 +299,17 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
     if active is not None and active in candidates and seed_cooldown_remaining(snapshot, now, params) > timedelta(0):
         return Election(active.key, ElectionReason.COOLDOWN, expired)
 
-    # Stage 2: classify. A model whose idle timeout has run out since it was last asked for is no recent or
-    # fallback leader: loaded, it would be parked again at once (a load for nothing, and a swap more).
+    # Stage 2: classify.
     ready = best(m for m in candidates if m.loaded)
-    unasked = [
-        m
-        for m in candidates
-        if not params.idle_aware_fallback or m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)
-    ]
-    recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    recent = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.recent_window)
     demanded = best(m for m in candidates if m.last_active_time and now - m.last_active_time <= params.demand_window)
-    fallback = best(unasked)
+    fallback = best(candidates)
 
-    # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen. Among the
-    # demanded models of the top priority, one whose requests waited past its bound goes first (the bounded
-    # wait): else, with no cooldown to hold a swap, a peer asked more recently took the GPU back from a model
-    # elected for its bound before that one was even loaded.
+    # Stage 3: demand-based preemption, the only path where a swap away from a loaded model can happen.
     if demanded is not None and (
         ready is None or (_is_idle(ready, now, params.demand_window) and demanded.priority >= ready.priority)
     ):
-        late = _longest_overdue(candidates, demanded.priority, ready, now, params)
-        if late is not None and late is not demanded:
-            return Election(late.key, ElectionReason.MAX_WAIT, expired)
         return Election(demanded.key, ElectionReason.DEMAND, expired)
-    # The bounded wait: a model of priority >= the busy leader's whose requests have waited its maxWait takes the
-    # GPU (the longest-waiting first among equal priorities); within the bound the loaded model keeps serving. Only
-    # requests that still wait count: a busy model is not preempted for a demand nobody waits on any more. And the
-    # loaded model first serves the requests that waited for it (queue order: its backlog is older than what is
-    # forwarded to it later), so a burst for several models swaps once per model instead of thrashing. Not the
-    # requests its own drain makes wait: once a swap away from it is under way, its route takes no new requests
-    # and they queue, which must not undo the swap (they wait for its next turn, with their own bound).
-    if ready is not None and (ready.queued == 0 or _swapping_away(snapshot, ready)):
-        late = _longest_overdue(candidates, ready.priority, ready, now, params)
-        if late is not None:
-            return Election(late.key, ElectionReason.MAX_WAIT, expired)
 
     # Stage 4: fallback.
     for leader, reason in (

@@ -33,8 +33,12 @@ run: install ## Run the whole system on this machine with two fake models sharin
 	$(BIN)/flexinfer up -f $(EXAMPLE)
 
 .PHONY: test
-test: install ## Run every test (unit, integration with real NATS and Postgres, end to end)
-	$(BIN)/pytest $(PYTEST_ARGS)
+# Most tests wait on services rather than the CPU, so the suite runs on TEST_JOBS workers (pytest-xdist), each
+# taking a whole test module at a time (module fixtures stay in one process): 13 min instead of 20 on a 2-core
+# machine. TEST_JOBS=0 runs it in this one process.
+TEST_JOBS ?= 2
+test: install ## Run every test (unit, integration with real NATS and Postgres, end to end) on TEST_JOBS workers
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 .PHONY: real-servers
 real-servers: ## Build or find the real inference servers the e2e suite uses (llama.cpp; cached in ~/.cache/flexinfer)

@@ -26,6 +26,9 @@ from tests.support.kube_fixtures import kube, kube_system  # noqa: F401  (the em
 from tests.support.run_as import suite_run_as
 from tests.support.system import start_system  # noqa: F401  (the whole system on the test's database and NATS)
 
+# what tests measured, shown at the end of the run (tests/support/figures.py)
+pytest_plugins = ["tests.support.figures"]
+
 _OWN_BASETEMP: list[Path] = []
 
 

@@ -41,6 +41,7 @@ import aiohttp
 import pytest
 
 from flexinfer_cli.embedded import free_port
+from tests.support.figures import figures
 from tests.support.up import exported_nats_url, start_up, stop_up, until_up, up_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -381,11 +382,11 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.mark.timeout(900)
 async def test_chaos_every_request_answered_one_model_running_and_convergence(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     rng = random.Random(SEED)
-    with capsys.disabled():
-        print(f"\nchaos seed {SEED} (FLEXINFER_CHAOS_SEED={SEED} replays this run's faults)")
+    shown = figures(request.config, f"chaos (seed {SEED}, {'full' if FULL else 'reduced'})")
+    shown.append(f"FLEXINFER_CHAOS_SEED={SEED} replays this run's faults")
     with flexinfer_up(tmp_path) as chaos:
         proxies = [chaos.url("proxy"), f"http://127.0.0.1:{chaos.env['PROXY_B_PORT']}"]
         async with client() as http:
@@ -434,23 +435,23 @@ async def test_chaos_every_request_answered_one_model_running_and_convergence(
 
     codes = collections.Counter(str(o.status) if o.status is not None else "lost" for o in outcomes)
     resent = sum(1 for o in outcomes if o.resends)
-    with capsys.disabled():
-        print(f"\nchaos figures (seed {SEED}, {'full' if FULL else 'reduced'}):")
-        print(
-            f"  requests          {len(outcomes)} over {traffic_seconds:.0f} s; outcomes {dict(sorted(codes.items()))}"
+    shown.append(
+        f"  requests          {len(outcomes)} over {traffic_seconds:.0f} s; outcomes {dict(sorted(codes.items()))}"
+    )
+    shown.append(f"  re-sent by the load balancer after a refused/reset connection: {resent}")
+    shown.append(f"  swaps             {len(swaps['items'])}")
+    for fault in chaos.faults:
+        how = f"SIGSTOP {'scheduler':14s}" if fault.target == "scheduler-hung" else f"SIGKILL {fault.target:14s}"
+        killed = f" (killed by up after {fault.killed_after:.1f} s)" if fault.target == "scheduler-hung" else ""
+        shown.append(
+            f"  fault             {how} at {fault.killed_at:5.1f} s, back in {fault.healed_after:4.1f} s{killed}"
         )
-        print(f"  re-sent by the load balancer after a refused/reset connection: {resent}")
-        print(f"  swaps             {len(swaps['items'])}")
-        for fault in chaos.faults:
-            how = f"SIGSTOP {'scheduler':14s}" if fault.target == "scheduler-hung" else f"SIGKILL {fault.target:14s}"
-            killed = f" (killed by up after {fault.killed_after:.1f} s)" if fault.target == "scheduler-hung" else ""
-            print(f"  fault             {how} at {fault.killed_at:5.1f} s, back in {fault.healed_after:4.1f} s{killed}")
-        print(f"  supervisor restarts logged by flexinfer up: {len(restarts)}")
-        print(f"  invariant checks  {events} actuator events, {len(violations)} with two models running")
-        print(
-            f"  convergence       {converged:.1f} s to leader {final!r} after the last fault healed "
-            f"(bound {CONVERGENCE_BOUND:.0f} s)"
-        )
+    shown.append(f"  supervisor restarts logged by flexinfer up: {len(restarts)}")
+    shown.append(f"  invariant checks  {events} actuator events, {len(violations)} with two models running")
+    shown.append(
+        f"  convergence       {converged:.1f} s to leader {final!r} after the last fault healed "
+        f"(bound {CONVERGENCE_BOUND:.0f} s)"
+    )
 
     assert not violations, violations[:5]
     [hung] = [f for f in chaos.faults if f.target == "scheduler-hung"]

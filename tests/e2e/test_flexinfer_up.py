@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -391,7 +392,14 @@ def test_models_that_fit_on_the_card_serve_side_by_side_and_a_third_evicts_only_
     assert {m["name"] for m in view["residentModels"]} == {"chat", "code"}
     assert view["devices"][0]["usedBytes"] == 11 << 30 and view["devices"][0]["freeBytes"] == 13 << 30
 
-    assert up.chat("code", "keep me").status_code == 200  # chat is now the one idle longest
+    def code_asked_last() -> bool:
+        """Ask code again until the scheduler has heard that it was asked after chat: a proxy reports a model's
+        activity at most once a second (FLEXINFER_ACTIVITY_REPORT_INTERVAL), and these requests take milliseconds."""
+        assert up.chat("code", "keep me").status_code == 200
+        last = {name: m["status"].get("lastActiveTime") for name, m in models(up).items()}
+        return datetime.fromisoformat(last["code"]) > datetime.fromisoformat(last["chat"])
+
+    wait_until(code_asked_last, 30, "the scheduler to see code asked after chat")  # chat is the one idle longest
     response = up.chat("big", "room please", timeout=90)
     assert response.status_code == 200, response.text
     wait_until(lambda: processes() == ["big", "code"], 30, "chat evicted, code kept")

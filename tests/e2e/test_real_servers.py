@@ -30,7 +30,6 @@ import yaml
 
 from flexinfer_testbed.real_servers import (
     EMBEDDING_DIMENSIONS,
-    FIGURES,
     InstallFailed,
     ProcessSampler,
     RealServers,
@@ -38,6 +37,7 @@ from flexinfer_testbed.real_servers import (
     llama_model,
 )
 from tests.support import up as up_support
+from tests.support.figures import figures as figures_of
 from tests.support.up import start_up, stop_up, until_up, up_environment
 
 # The first test of the module pays for the installer: on a fresh machine, a build of minutes. Every wait inside a
@@ -49,6 +49,7 @@ GROUP = "real-cpu"
 CHAT, EMBED, BROKEN = "smollm", "smollm-embed", "smollm-broken"
 MISSING_WEIGHTS = "/nonexistent/flexinfer-test/missing.gguf"
 DEMAND_WINDOW = 1.0  # seconds: a model idle this long may be swapped out
+FIGURES = "real inference servers"  # the section of the run's summary with what these tests measured
 
 
 @dataclass
@@ -101,7 +102,7 @@ def real(request: pytest.FixtureRequest) -> RealServers:
         servers = install_real_servers()
     except InstallFailed as exc:
         pytest.fail(f"the real inference servers could not be installed:\n{exc}", pytrace=False)
-    figures = request.config.stash.setdefault(FIGURES, [])
+    figures = figures_of(request.config, FIGURES)
     figures.append(f"real servers installed or found in {servers.seconds:.1f} s {servers.timings or ''}".rstrip())
     return servers
 
@@ -136,7 +137,7 @@ def up(real: RealServers, tmp_path_factory: pytest.TempPathFactory, request: pyt
     log = work / "up.log"
     process = start_up(manifests, env, log, "--state-dir", str(state))
     sampler = ProcessSampler(process.pid, frozenset({CHAT, EMBED})).start()
-    handle = Up(process, env, log, sampler, request.config.stash.setdefault(FIGURES, []))
+    handle = Up(process, env, log, sampler, figures_of(request.config, FIGURES))
     try:
         until_up(process, log)
         yield handle

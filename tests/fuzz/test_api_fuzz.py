@@ -31,6 +31,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from tests.support.figures import figures
 from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ def proxy_schema() -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 async def test_every_api_answers_fuzzed_requests_within_its_schema(
-    capsys: pytest.CaptureFixture[str], start_system: SystemStarter
+    request: pytest.FixtureRequest, start_system: SystemStarter
 ) -> None:
     async with start_system(
         services=("scheduler", "actuator", "lease-manager", "proxy"),
@@ -118,11 +119,10 @@ async def test_every_api_answers_fuzzed_requests_within_its_schema(
                 totals[f"{service} ({label})"] = seen
                 if label == "no-token":  # every admin call without the token is refused
                     assert all(key.endswith(" 401") for key in seen if " /api/v1" in key), seen
-    with capsys.disabled():
-        print("\nfuzz figures (requests by status):")
-        for name, seen in totals.items():
-            by_status = collections.Counter(key.rsplit(" ", 1)[1] for key in seen.elements())
-            print(f"  {name:28s} {sum(seen.values()):5d} requests  {dict(sorted(by_status.items()))}")
+    shown = figures(request.config, "fuzz (requests by status)")
+    for name, seen in totals.items():
+        by_status = collections.Counter(key.rsplit(" ", 1)[1] for key in seen.elements())
+        shown.append(f"{name:28s} {sum(seen.values()):5d} requests  {dict(sorted(by_status.items()))}")
 
 
 def bad_model(**gpu: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from flexinfer_common.enums import RuntimePhase, ScaleAction
 from flexinfer_common.messages import ActuatorHello, Demand, Route, RuntimeSpec, RuntimeStatus, ScaleCommand
 from flexinfer_common.metrics import BAD_MESSAGES
 from flexinfer_testbed.system import fake_model
+from tests.support.figures import figures as figures_of
 from tests.support.system import SystemStarter
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,7 @@ def now() -> str:
 
 @pytest.mark.timeout(600)
 async def test_hostile_bus_messages_are_counted_and_the_next_valid_one_is_handled(
-    clean_nats: str, start_system: SystemStarter
+    clean_nats: str, start_system: SystemStarter, request: pytest.FixtureRequest
 ) -> None:
     async with start_system() as system:
         await system.put_model(fake_model("a"))
@@ -262,6 +263,6 @@ async def test_hostile_bus_messages_are_counted_and_the_next_valid_one_is_handle
         for service in ("scheduler", "actuator", "proxy"):
             assert system.services[service].task.done() is False
         await nc.close()
-    print("\nbus fuzz figures (hostile messages sent / rejected and counted, each followed by a handled valid one):")
+    shown = figures_of(request.config, "bus fuzz (hostile messages sent / rejected and counted, each then a valid one)")
     for name, (sent, rejected) in figures.items():
-        print(f"  {name:26s} {sent:4d} sent  {rejected:4d} rejected")
+        shown.append(f"{name:26s} {sent:4d} sent  {rejected:4d} rejected")

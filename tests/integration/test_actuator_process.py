@@ -72,7 +72,9 @@ async def actuator(bus: Bus, tmp_path: Path) -> AsyncIterator[RunningActuator]:
         )
     running = RunningActuator(process, f"http://127.0.0.1:{port}", log_path, hellos)
     try:
-        await wait_for(lambda: bool(hellos) or process.returncode is not None, within=15, what="actuator hello")
+        await wait_for(
+            lambda: bool(hellos) or process.returncode is not None, within=60, what="actuator hello"
+        )  # a process start: imports, bus
         assert hellos, f"actuator exited with {process.returncode}:\n{running.log()}"
         yield running
     finally:

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[4]  # tools/testbed/src/flexinfer_testbed -> the repository
 INSTALLER = ROOT / "scripts" / "install_real_servers.py"
 #: llama-cpp-python's server has no /health; /v1/models answers once the model is loaded.
@@ -25,8 +23,6 @@ READINESS_PATH = "/v1/models"
 ENGINE_MARKER = b"llama_cpp.server"
 #: SmolLM2-135M's hidden size: the length of its (mean-pooled) embeddings.
 EMBEDDING_DIMENSIONS = 576
-#: What the real-server tests measured, printed at the end of the pytest run (tests/e2e/conftest.py).
-FIGURES = pytest.StashKey[list[str]]()
 
 
 class InstallFailed(RuntimeError):

@@ -66,6 +66,21 @@ async def test_watch_prints_the_list_then_what_changes_until_stopped() -> None:
     assert shown == [(["1"], True), (["2", "5"], False)]
 
 
+async def test_a_stop_ends_the_wait_between_polls_at_once() -> None:
+    """Ctrl-C sets the stop: with an hour between polls, the watch still ends as soon as it is set."""
+    stop = asyncio.Event()
+    polls = 0
+
+    async def poll() -> Snapshot[str, str]:
+        nonlocal polls
+        polls += 1
+        asyncio.get_running_loop().call_later(0.05, stop.set)
+        return snap(a="1")
+
+    await asyncio.wait_for(watch(poll, lambda values, first: None, interval=3600, stop=stop), timeout=10)
+    assert polls == 1
+
+
 def test_get_watch_in_a_real_process_prints_changes_and_stops_on_ctrl_c(api: FakeAdminApi) -> None:  # noqa: F811
     runner = CliRunner()
     assert runner.invoke(app, ["apply", "-f", HOMELAB], env=env_for(api)).exit_code == 0

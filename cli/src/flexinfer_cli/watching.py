@@ -6,6 +6,8 @@ decided by :func:`changes`, a pure function of the previous and the current poll
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -36,9 +38,11 @@ async def watch(
     *,
     interval: float,
     stop: asyncio.Event,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
-    """Poll until ``stop`` is set; ``show(values, first)`` prints what changed (``first``: the initial list)."""
+    """Poll until ``stop`` is set; ``show(values, first)`` prints what changed (``first``: the initial list). The
+    wait between polls (``sleep``; by default ``interval`` seconds) ends as soon as ``stop`` is set."""
+    pause = sleep or (lambda seconds: _until_stopped(stop, seconds))
     previous: Snapshot[K, V] | None = None
     while not stop.is_set():
         current = await poll()
@@ -46,4 +50,31 @@ async def watch(
         if changed or previous is None:
             show(changed, previous is None)
         previous = current
-        await sleep(interval)
+        await pause(interval)
+
+
+async def _until_stopped(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def watch_until_interrupted(
+    poll: Callable[[], Awaitable[Snapshot[K, V]]], show: Callable[[Sequence[V], bool], None], *, interval: float
+) -> None:
+    """``watch`` until Ctrl-C. The first SIGINT sets the stop (the poll in progress is answered, the wait ends at
+    once) rather than cancelling the task: a cancellation that lands inside the HTTP client can be lost, and the
+    watch then went on. A second Ctrl-C interrupts as it would without a watch (KeyboardInterrupt)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError):  # no signal handlers in this event loop: Ctrl-C cancels
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        await watch(poll, show, interval=interval, stop=stop)
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGINT)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -48,7 +47,7 @@ from flexinfer_cli.tables import (
     table_headers,
     table_row,
 )
-from flexinfer_cli.watching import Snapshot, watch
+from flexinfer_cli.watching import Snapshot, watch_until_interrupted
 from flexinfer_common.admin_api import QueueList
 
 
@@ -188,7 +187,7 @@ def get(
             return Snapshot(tuple((view.key(item), item) for item in items))
 
         with contextlib.suppress(KeyboardInterrupt):
-            run(watch(poll, printer.watched, interval=watch_interval, stop=asyncio.Event()))
+            run(watch_until_interrupted(poll, printer.watched, interval=watch_interval))
         raise typer.Exit(ExitCode.OK)
 
     items = run(fetch())

@@ -62,8 +62,8 @@ async def watch_until_interrupted(
     poll: Callable[[], Awaitable[Snapshot[K, V]]], show: Callable[[Sequence[V], bool], None], *, interval: float
 ) -> None:
     """``watch`` until Ctrl-C. The first SIGINT sets the stop (the poll in progress is answered, the wait ends at
-    once) rather than cancelling the task: a cancellation that lands inside the HTTP client can be lost, and the
-    watch then went on. A second Ctrl-C interrupts as it would without a watch (KeyboardInterrupt)."""
+    once) rather than cancelling the task: a watch was once seen polling on after Ctrl-C, most likely a
+    cancellation absorbed inside the HTTP client's request. A second Ctrl-C interrupts as it would without a watch (KeyboardInterrupt)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

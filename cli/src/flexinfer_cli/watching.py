@@ -63,7 +63,8 @@ async def watch_until_interrupted(
 ) -> None:
     """``watch`` until Ctrl-C. The first SIGINT sets the stop (the poll in progress is answered, the wait ends at
     once) rather than cancelling the task: a watch was once seen polling on after Ctrl-C, most likely a
-    cancellation absorbed inside the HTTP client's request. A second Ctrl-C interrupts as it would without a watch (KeyboardInterrupt)."""
+    cancellation absorbed inside the HTTP client's request. A second Ctrl-C interrupts as it would without a
+    watch (KeyboardInterrupt)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -192,4 +192,8 @@ async def test_a_gpugroup_that_would_move_a_serving_model_is_refused_until_the_m
         await wait_for(lambda: _nothing_runs(system))
         await wait_for(lambda: _phase_is(system, "a", "Idle", group="g1"))
         assert (await system.call("DELETE", "scheduler", "/api/v1/gpugroups/g1"))[0] == 204
-        assert (await system.call("GET", "scheduler", "/api/v1/groups/g1"))[0] == 404
+
+        async def g1_gone() -> bool:  # the group's view goes with the scheduler's next pass
+            return (await system.call("GET", "scheduler", "/api/v1/groups/g1"))[0] == 404
+
+        await wait_for(g1_gone, what="group g1 gone after its GPUGroup was deleted")

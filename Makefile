@@ -35,7 +35,8 @@ run: install ## Run the whole system on this machine with two fake models sharin
 .PHONY: test
 # TEST_JOBS=N runs the suite on N pytest-xdist workers, a whole test module each at a time (module fixtures stay in
 # one process). The default is one process: on a 2-core machine two workers took 13 min instead of 20, but the chaos
-# suite and the actuator's timing tests then failed under the load in two of five runs.
+# suite or an actuator timing test then failed under the load (four of five parallel runs had a failure; two of
+# those were test races, since fixed).
 TEST_JOBS ?= 0
 test: install ## Run every test (unit, integration with real NATS and Postgres, end to end); TEST_JOBS=N: on N workers
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)

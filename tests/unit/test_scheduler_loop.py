@@ -95,14 +95,16 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def running(b_priority: int = 10, **settings_: Any) -> AsyncIterator[Harness]:
-    """The scheduler and a prompt actuator, started inside the test (so on its fast-forwarded clock)."""
+async def running(b_priority: int = 10, max_wait: str | None = "30s", **settings_: Any) -> AsyncIterator[Harness]:
+    """The scheduler and a prompt actuator, started inside the test (so on its fast-forwarded clock). Both models
+    set ``spec.gpu.maxWait`` to ``max_wait`` (None: neither sets it)."""
     store, bus, clock = MemoryStore(), MemoryBus(), LoopClock()
     settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1, **settings_)
     scheduler = Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock)
     h = Harness(store, bus, scheduler, clock)
-    await store.put_model(manifest("a", maxWait="30s"), clock.now())
-    await store.put_model(manifest("b", maxWait="30s", priority=b_priority), clock.now())
+    bound = {"maxWait": max_wait} if max_wait is not None else {}
+    await store.put_model(manifest("a", **bound), clock.now())
+    await store.put_model(manifest("b", **bound, priority=b_priority), clock.now())
     stop = asyncio.Event()
     tasks = [asyncio.create_task(scheduler.run(stop)), asyncio.create_task(h.actuator())]
     try:
@@ -218,6 +220,43 @@ async def test_a_lower_priority_model_gets_a_quiet_gpu_once_its_wait_is_worth_a_
         assert ready(h, B)
         swap = swap_to(h, "b")
         assert swap.reason == "idle" and after <= (swap.started_at - asked).total_seconds() < after + 5
+
+
+@pytest.mark.parametrize(("window", "after"), [("2m", 80), ("4s", 4)])
+async def test_the_quiet_period_is_never_longer_than_the_demand_window(window: str, after: int) -> None:
+    """Unset, FLEXINFER_QUIET_YIELD is 10 s, or the demand window when that is shorter. With the 2-minute window a
+    holder asked 10 s ago is quiet, and yields to one request of a lower priority once its wait is worth a load (at
+    80 s, as above). With a 4 s window a holder not asked for 4 s is quiet, as the seed would call it idle, and the
+    request is worth a load at once (a is not coming back soon)."""
+    async with running(b_priority=5, shared_demand_window=window) as h:
+        await serving(h, A)
+        await h.demand(A, queued=0)  # a's request was answered
+        asked = h.clock.now()
+        for _ in range(120):  # b's requests wait; a gets no request
+            await h.demand(B)
+            await asyncio.sleep(1)
+            if ready(h, B):
+                break
+        swap = swap_to(h, "b")
+        assert swap.reason == "idle" and after <= (swap.started_at - asked).total_seconds() < after + 4
+
+
+@pytest.mark.parametrize(("queue_timeout", "bound"), [("5m", 240), ("60s", 48)])
+async def test_the_bounded_wait_ends_before_the_queue_timeout(queue_timeout: str, bound: int) -> None:
+    """Without ``spec.gpu.maxWait`` a peer waiting behind a busy holder gets the GPU after 4 min, or four fifths of
+    FLEXINFER_QUEUE_TIMEOUT when that is shorter: with a 60 s timeout at 48 s, before its requests time out."""
+    async with running(max_wait=None, queue_timeout=queue_timeout) as h:
+        await serving(h, A)
+        asked = h.clock.now()
+        for _ in range(300):  # a is busy all along; b waits behind it
+            await h.demand(B)
+            await h.demand(A, queued=0)
+            await h.in_flight({A: 1})
+            await asyncio.sleep(1)
+            if any(s.to_name == "b" for s in h.store.swaps.values()):
+                break
+        swap = swap_to(h, "b")
+        assert swap.reason == "max-wait" and bound <= (swap.started_at - asked).total_seconds() < bound + 4
 
 
 async def test_one_replica_leads_and_another_takes_over() -> None:

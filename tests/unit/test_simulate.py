@@ -52,6 +52,16 @@ def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -
     assert outcome.over_bound is not None and outcome.over_bound <= 3  # elected within a reconcile of the bound
 
 
+def test_a_short_queue_timeout_shortens_the_bounded_wait_so_the_waiting_request_is_served() -> None:
+    """b sets no maxWait: its bound is 4 min, or four fifths of the queue timeout when that is shorter, so with a
+    90 s timeout b is loaded after 72 s of waiting instead of timing out behind the busy a."""
+    lines = [line for line in busy_a_and_one_request_for_b() if '"maxWait"' not in line]
+    lines.insert(1, json.dumps({"model": "b", "priority": 10, "loadSeconds": 5}))
+    outcome = simulate(read_trace(lines), ["flexinfer"], Settings(queue_timeout=90)).outcomes["flexinfer"]
+    (waited,) = outcome.waits["b"]
+    assert outcome.timed_out == 0 and 72 <= waited < 90
+
+
 def a_request_just_after_a_swap() -> list[str]:
     """a, then b (a swap to b and its 3-minute cooldown), then a again at 140 s."""
     gpu = {"priority": 10, "loadSeconds": 20, "parkSeconds": 4, "swapCooldown": "3m"}

@@ -38,7 +38,7 @@ from flexinfer_common.messages import (
     SharedGroupStatus,
     new_id,
 )
-from flexinfer_scheduler.domain.election import ElectionParams
+from flexinfer_scheduler.domain.election import ElectionParams, bounded_wait_for, quiet_period_for
 from flexinfer_scheduler.domain.manifests import visible_group
 from flexinfer_scheduler.domain.model import memory_exceeded
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
@@ -128,7 +128,8 @@ class Scheduler:
             demand_window=settings.shared_demand_window,
             recent_window=settings.recent_leader_window,
             default_swap_cooldown=settings.default_swap_cooldown,
-            quiet_period=settings.quiet_yield or ElectionParams.quiet_period,
+            quiet_period=quiet_period_for(settings.shared_demand_window, settings.quiet_yield),
+            flexinfer_max_wait=bounded_wait_for(settings.queue_timeout),
             policy=settings.scheduling_policy,
             explicit_swap_cooldown=settings.explicit_swap_cooldown,
         )

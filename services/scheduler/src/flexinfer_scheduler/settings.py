@@ -21,7 +21,8 @@ class SchedulerSettings(CommonSettings):
     # drainTimeoutSeconds wins for its group).
     drain_timeout: Duration = timedelta(seconds=60)
     # FlexInfer's policy: a holder with nothing in flight or queued and no request for this long is quiet, and may
-    # yield the GPU to a waiting model (10 s when unset). Not used by FLEXINFER_SCHEDULING_POLICY=seed.
+    # yield the GPU to a waiting model (when unset: 10 s, or the demand window if that is shorter). Not used by
+    # FLEXINFER_SCHEDULING_POLICY=seed.
     quiet_yield: Duration | None = None
     # Where the status page's "release lease" goes (the lease manager's admin API); default
     # http://127.0.0.1:<FLEXINFER_LEASE_MANAGER_PORT>, as `flexinfer up` runs it.

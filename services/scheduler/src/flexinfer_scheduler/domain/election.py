@@ -39,6 +39,21 @@ from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.model import GroupSnapshot, Member, V1Alpha1Policy, lease_is_active
 
 _EPOCH_KEY = float("-inf")
+QUIET_PERIOD = timedelta(seconds=10)
+BOUNDED_WAIT = timedelta(minutes=4)
+
+
+def quiet_period_for(demand_window: timedelta, quiet_yield: timedelta | None = None) -> timedelta:
+    """FlexInfer's quiet period: FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
+    (a holder the seed would call idle, not asked within the window, is quiet too)."""
+    return quiet_yield if quiet_yield is not None else min(QUIET_PERIOD, demand_window)
+
+
+def bounded_wait_for(queue_timeout: timedelta) -> timedelta:
+    """The bounded wait of a member without ``spec.gpu.maxWait``: 4 min, or four fifths of the queue timeout when
+    that is shorter, so that a model whose requests waited out the bound is loaded before they time out (the last
+    fifth is for the holder's drain and the load)."""
+    return min(BOUNDED_WAIT, queue_timeout * 4 / 5)
 
 
 class ElectionReason(StrEnum):
@@ -69,11 +84,11 @@ class ElectionParams:
     # time, within [``hold_min``, ``hold_max``]: how long a new holder keeps the GPU while it is busy, so that its
     # load pays for itself (the seed's fixed 5-minute cooldown, when no member sets ``swapCooldown``).
     # ``flexinfer_max_wait``: the bounded wait of a member without ``spec.gpu.maxWait``.
-    quiet_period: timedelta = timedelta(seconds=10)
+    quiet_period: timedelta = QUIET_PERIOD
     hold_factor: float = 1.0
     hold_min: timedelta = timedelta(seconds=10)
     hold_max: timedelta = timedelta(minutes=5)
-    flexinfer_max_wait: timedelta = timedelta(minutes=4)
+    flexinfer_max_wait: timedelta = BOUNDED_WAIT
     # A quiet holder yields once the waiting it would end is worth a load: the member's requests waiting x how
     # long it has waited reaches ``yield_after`` (request-seconds), or its oldest waited ``yield_after`` alone.
     yield_after: timedelta = timedelta(seconds=240)

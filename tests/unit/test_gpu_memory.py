@@ -295,7 +295,7 @@ async def test_a_group_without_a_capacity_gets_the_local_machines_gpus(
     )
     await store.put_model(model(None), START)
     hello = ActuatorHello(actuator="a1", backend=backend, time=START, gpu_devices=devices)
-    await scheduler.on_actuator_hello(hello, None)
+    await scheduler.intake.on_actuator_hello(hello, None)
     world, _ = await store.load_world(START, timedelta(minutes=1))
     group = world.group("gpu")
     assert group is not None and group.capacity == capacity
@@ -318,7 +318,7 @@ async def test_a_declared_capacity_wins_over_the_discovered_one() -> None:
     )
     await store.put_gpugroup(group, START)
     hello = ActuatorHello(actuator="a1", backend="local", time=START, gpu_devices=[24 * GiB, 24 * GiB])
-    await scheduler.on_actuator_hello(hello, None)
+    await scheduler.intake.on_actuator_hello(hello, None)
     world, _ = await store.load_world(START, timedelta(minutes=1))
     snapshot = world.group("gpu")
     assert snapshot is not None and snapshot.capacity == Capacity(1, 8 * GiB)
@@ -340,7 +340,7 @@ async def test_with_two_groups_on_the_machine_neither_gets_its_gpus_and_a_warnin
     await store.put_model(embed, START)
     hello = ActuatorHello(actuator="a1", backend="local", time=START, gpu_devices=[24 * GiB, 24 * GiB])
     with caplog.at_level(logging.WARNING):
-        await scheduler.on_actuator_hello(hello, None)
+        await scheduler.intake.on_actuator_hello(hello, None)
     world, _ = await store.load_world(START, timedelta(minutes=1))
     assert [(g.name, g.capacity) for g in world.groups] == [("embeddings", None), ("gpu", None)]
     (warning,) = [r for r in caplog.records if "several groups share this machine" in r.getMessage()]

@@ -16,46 +16,37 @@ import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any, overload
 
 from flexinfer_common import subjects
-from flexinfer_common.bus import Delivery, decode_demand, decode_json
+from flexinfer_common.bus import decode_demand, decode_json
 from flexinfer_common.clock import Clock
 from flexinfer_common.db import ModelRow
-from flexinfer_common.enums import ModelPhase, RuntimePhase, SharedState
+from flexinfer_common.enums import ModelPhase, SharedState
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import (
     ActuatorHello,
-    Demand,
     InFlightReport,
-    MemoryStatus,
-    ModelEvent,
     ModelStatus,
     RuntimeStatus,
     SharedGroupStatus,
     new_id,
 )
 from flexinfer_scheduler.domain.election import ElectionParams, bounded_wait_for, quiet_period_for
-from flexinfer_scheduler.domain.manifests import visible_group
-from flexinfer_scheduler.domain.model import memory_exceeded
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
+from flexinfer_scheduler.intake import BusIntake
 from flexinfer_scheduler.metrics import (
     ELECTION_DURATION,
     LEASE_READ_ERRORS,
-    MODEL_RESTARTS,
     SCHEDULER_LEADER,
     GroupGauges,
     group_view,
 )
 from flexinfer_scheduler.ports import (
-    LOCAL_BACKEND,
-    DemandReport,
     LeaderLock,
-    MeasuredMemory,
-    RuntimeReport,
     SchedulerBus,
     SchedulerStore,
     Stoppable,
@@ -147,6 +138,7 @@ class Scheduler:
         self._last_full_pass = -float("inf")
         # what a pass publishes, and what was last published, to publish only changes
         self.publisher = PassPublisher(bus=bus, lock=lock, clock=clock)
+        self.intake = BusIntake(store=store, publisher=self.publisher, clock=clock, kick=self.kick)
         self._moves_told: dict[ModelKey, str | None] = {}  # the deferred moves logged (a warning once per move)
         self._group_gauges = GroupGauges()
         self._consumers: list[Stoppable] = []
@@ -207,27 +199,27 @@ class Scheduler:
         SCHEDULER_LEADER.set(1)
         self.publisher.reset()  # publish every route and status once as the new leader
         consumers: list[Any] = [
-            (subjects.DEMAND_STREAM, "scheduler-demand", subjects.DEMAND_PREFIX, decode_demand, self.on_demand),
+            (subjects.DEMAND_STREAM, "scheduler-demand", subjects.DEMAND_PREFIX, decode_demand, self.intake.on_demand),
             (
                 subjects.IN_FLIGHT_STREAM,
                 "scheduler-in-flight",
                 subjects.IN_FLIGHT_PREFIX,
                 partial(decode_json, InFlightReport),
-                self.on_in_flight,
+                self.intake.on_in_flight,
             ),
             (
                 subjects.RUNTIME_STATUS_STREAM,
                 "scheduler-runtime",
                 subjects.RUNTIME_STATUS_PREFIX,
                 partial(decode_json, RuntimeStatus),
-                self.on_runtime_status,
+                self.intake.on_runtime_status,
             ),
             (
                 subjects.RUNTIME_STATUS_STREAM,
                 "scheduler-hello",
                 subjects.ACTUATOR_HELLO_PREFIX,
                 partial(decode_json, ActuatorHello),
-                self.on_actuator_hello,
+                self.intake.on_actuator_hello,
             ),
         ]
         if self.spec_store is not None:
@@ -266,141 +258,6 @@ class Scheduler:
             kicked.cancel()
             stopped.cancel()
         self._kick.clear()
-
-    # ---- bus inputs --------------------------------------------------------------------------------------
-    async def on_demand(self, demand: Demand, delivery: Delivery) -> None:
-        now = self.clock.now()
-        when = min(demand.time, now) if demand.time else now
-        group = await self.store.record_demand(
-            DemandReport(
-                namespace=demand.namespace,
-                name=demand.model,
-                source=demand.source,
-                queued=demand.queued,
-                when=when,
-                message_id=delivery.message_id,
-                valid_for=timedelta(seconds=demand.valid_for) if demand.valid_for is not None else None,
-            )
-        )
-        if group is not None:
-            self.kick(group)
-        else:
-            log.info(
-                "demand ignored (unknown model or repeated message)",
-                extra={"model": f"{demand.namespace}/{demand.model}"},
-            )
-
-    async def on_in_flight(self, report: InFlightReport, _: Delivery) -> None:
-        now = self.clock.now()
-        counts = {ModelKey(c.namespace, c.model): c.in_flight for c in report.models}
-        for group in await self.store.record_in_flight(source=report.source, counts=counts, when=min(report.time, now)):
-            self.kick(group)  # a count fell to zero: a drain may be over
-
-    async def on_runtime_status(self, status: RuntimeStatus, _: Delivery) -> None:
-        if status.phase is RuntimePhase.FAILED:
-            crash = await self.store.note_crash(
-                namespace=status.namespace, name=status.model, generation=status.generation
-            )
-            if crash is not None:
-                await self._announce_crash(status, restarts=crash[0], group=crash[1])
-        group = await self.store.record_runtime(
-            RuntimeReport(
-                namespace=status.namespace,
-                name=status.model,
-                phase=status.phase.value,
-                generation=status.generation,
-                endpoint=status.endpoint,
-                message=status.message,
-                when=status.time,
-            )
-        )
-        if group is not None:
-            if status.gpu_memory is not None:
-                await self._record_measured_memory(status, status.gpu_memory)
-            self.kick(group)
-        else:
-            log.debug("stale runtime status ignored", extra={"model": f"{status.namespace}/{status.model}"})
-
-    async def _record_measured_memory(self, status: RuntimeStatus, measured: int) -> None:
-        """Keep what the model was measured to hold (status.memory; fitting counts it where it exceeds the declared
-        or estimated figure), and warn once when it newly exceeds that figure."""
-        found = await self.store.record_measured_memory(
-            namespace=status.namespace, name=status.model, measured=measured
-        )
-        if found is None or found.previous == measured:
-            return
-        if memory_exceeded(found.reference, measured, found.previous):
-            await self._warn_memory(status, measured, found)
-
-    async def _warn_memory(self, status: RuntimeStatus, measured: int, found: MeasuredMemory) -> None:
-        model = f"{status.namespace}/{status.model}"
-        message = (
-            f"measured {measured} bytes of GPU memory, more than its {found.source} {found.reference} bytes: "
-            "fitting counts the measured figure"
-        )
-        log.warning("model holds more GPU memory than it declares", extra={"model": model, "detail": message})
-        event = ModelEvent(
-            kind="model.memory",
-            namespace=status.namespace,
-            model=status.model,
-            group=visible_group(found.group) if found.group else None,
-            status=ModelStatus(
-                phase=ModelPhase.READY, message=message, memory=MemoryStatus(bytes=measured, source="measured")
-            ),
-            time=status.time,
-        )
-        subject = subjects.event_subject("model", found.group or "none")
-        await self.publisher.publish_all([(subject, event, f"memory:{model}:{status.generation}:{measured}")])
-
-    async def _announce_crash(self, status: RuntimeStatus, *, restarts: int, group: str | None) -> None:
-        """A model that was Ready crashed: an event with the exit reason and a metric (the restart follows from the
-        next pass, after the back-off)."""
-        MODEL_RESTARTS.inc(status.namespace, status.model)
-        reason = status.message or "exited"
-        log.warning(
-            "model crashed after it was Ready; restarting",
-            extra={
-                "model": f"{status.namespace}/{status.model}",
-                "reason": reason[:500],
-                "restarts": restarts,
-            },
-        )
-        event = ModelEvent(
-            kind="model.crashed",
-            namespace=status.namespace,
-            model=status.model,
-            group=visible_group(group) if group else None,
-            status=ModelStatus(phase=ModelPhase.FAILED, message=f"crashed: {reason}", restarts=restarts),
-            restarts=restarts,
-            time=status.time,
-        )
-        subject = subjects.event_subject("model", group or "none")
-        await self.publisher.publish_all(
-            [(subject, event, f"crash:{status.namespace}/{status.model}:{status.generation}")]
-        )
-
-    async def on_actuator_hello(self, hello: ActuatorHello, _: Delivery) -> None:
-        count = await self.store.forget_runtime()
-        log.info("actuator started; re-issuing commands", extra={"actuator": hello.actuator, "models": count})
-        if hello.backend == LOCAL_BACKEND:
-            # its machine's GPUs (none: no GPU there) are the capacity of the groups that declare none
-            changed = await self.store.record_gpu_inventory(
-                backend=hello.backend, actuator=hello.actuator, device_memory=hello.gpu_devices, when=hello.time
-            )
-            if changed:
-                log.info(
-                    "GPU devices discovered by the local actuator",
-                    extra={"actuator": hello.actuator, "devices": len(hello.gpu_devices)},
-                )
-            groups = await self.store.group_names() if hello.gpu_devices else []
-            if len(groups) > 1:  # domain.manifests.machine_capacity
-                log.warning(
-                    "GPU devices discovered, but several groups share this machine: none gets them as its capacity "
-                    "(each would count every device); declare spec.capacity on each group's GPUGroup to load several "
-                    "models per card",
-                    extra={"groups": groups, "devices": len(hello.gpu_devices)},
-                )
-        self.kick()
 
     # ---- one pass ----------------------------------------------------------------------------------------
     async def _pass_dirty(self) -> PassResult | None:

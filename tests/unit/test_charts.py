@@ -792,6 +792,22 @@ def test_umbrella_renders_everything_and_shares_global_settings(umbrella: Path) 
     assert not [s for s in objects(documents, "Secret") if "admin-token" in s.get("data", {})]  # none generated
 
 
+def test_umbrella_gives_every_service_the_global_settings_and_a_subcharts_own_win(umbrella: Path) -> None:
+    """``global.flexinfer.env`` reaches all four services, so the proxy's queue timeout and the scheduler's
+    bounded wait (four fifths of it) follow one value; a subchart's own ``env`` wins for a name both set."""
+    values = {
+        "global": {"flexinfer": {"env": {"FLEXINFER_QUEUE_TIMEOUT": "45s", "FLEXINFER_SHARED_DEMAND_WINDOW": "20s"}}},
+        "scheduler": {"env": {"FLEXINFER_SHARED_DEMAND_WINDOW": "1m", "FLEXINFER_QUIET_YIELD": "5s"}},
+    }
+    deployments = {d["metadata"]["name"]: d for d in objects(render(umbrella, values), "Deployment")}
+    for chart in SERVICES:
+        env = env_of(deployments[f"{RELEASE}-{chart}"]["spec"]["template"]["spec"]["containers"][0])
+        assert env["FLEXINFER_QUEUE_TIMEOUT"]["value"] == "45s"
+        window = "1m" if chart == "scheduler" else "20s"
+        assert env["FLEXINFER_SHARED_DEMAND_WINDOW"]["value"] == window
+        assert ("FLEXINFER_QUIET_YIELD" in env) == (chart == "scheduler")
+
+
 def test_umbrella_generates_one_admin_token_every_service_shares(umbrella: Path) -> None:
     documents = render(umbrella)
     generated = [s for s in objects(documents, "Secret") if s["metadata"]["name"] == f"{RELEASE}-flexinfer-admin-token"]

@@ -95,7 +95,9 @@ spec:
             {{- with .Values.rendering }}
             {{- include "flexinfer.renderingEnv" $ | nindent 12 }}
             {{- end }}
-            {{- range $name, $value := .Values.env }}
+            {{- /* global.flexinfer.env for every service; this chart's own env wins for a name both set */}}
+            {{- $globalEnv := (include "flexinfer.global" . | fromYaml).env | default dict }}
+            {{- range $name, $value := merge (deepCopy (.Values.env | default dict)) $globalEnv }}
             - name: {{ $name }}
               value: {{ $value | toString | quote }}
             {{- end }}

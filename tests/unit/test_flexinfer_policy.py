@@ -218,6 +218,38 @@ def test_the_hold_follows_the_measured_load_within_its_bounds() -> None:
         assert cooldown_remaining(snapshot, NOW, PARAMS) == timedelta(seconds=expected)
 
 
+@pytest.mark.parametrize(
+    ("queue_timeout", "window", "quiet_yield", "quiet", "bound"),
+    [
+        pytest.param(300, 120, None, 10, 240, id="the-defaults-are-the-defaults"),
+        pytest.param(45, 120, None, 10, 36, id="a-short-queue-timeout-shortens-the-bound-and-the-yield"),
+        pytest.param(45, 2, None, 2, 36, id="a-short-demand-window-shortens-the-quiet-period"),
+        pytest.param(45, 2, 30, 30, 36, id="FLEXINFER_QUIET_YIELD-wins"),
+        pytest.param(3600, 120, None, 10, 240, id="a-long-queue-timeout-keeps-4-min"),
+    ],
+)
+def test_the_defaults_fit_the_timings_a_user_set(
+    queue_timeout: float, window: float, quiet_yield: float | None, quiet: float, bound: float
+) -> None:
+    seconds = timedelta(seconds=1)
+    params = ElectionParams(demand_window=window * seconds).fitted_to(
+        queue_timeout * seconds, quiet_yield * seconds if quiet_yield is not None else None
+    )
+    assert params.quiet_period == quiet * seconds
+    assert params.max_wait(member("b")) == params.yield_after == bound * seconds
+    assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)
+
+
+def test_under_a_short_queue_timeout_one_request_takes_a_quiet_gpu_before_it_times_out() -> None:
+    """A lower priority has no bounded wait; its one request behind a quiet holder asked 31 s ago waits for its wait
+    to be worth a load. With the default 240 request-seconds that is past a 45 s queue timeout (the GPU idle all
+    along); fitted to the timeout, 36 request-seconds, it takes the GPU."""
+    snapshot = group(member("a", priority=50, holds=True, last=31), member("b", priority=10, queued=1, waited=30))
+    assert outcome(choose_flexinfer_leader(snapshot, NOW, PARAMS)) == ("a", ElectionReason.READY)
+    fitted = PARAMS.fitted_to(timedelta(seconds=45))
+    assert outcome(choose_flexinfer_leader(snapshot, NOW, fitted)) == ("b", ElectionReason.QUIET_YIELD)
+
+
 @pytest.mark.parametrize("by", ["setting", "group"])
 def test_the_seed_policy_is_one_setting_away(by: str) -> None:
     """A quiet peer holder yields to a burst under FlexInfer's policy; the seed keeps it until it was not asked for

@@ -47,7 +47,7 @@ from flexinfer_common.durations import parse_duration
 from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SchedulingPolicy
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.quantity import parse_memory
-from flexinfer_scheduler.domain.election import ElectionParams, bounded_wait_for, cooldown_remaining, quiet_period_for
+from flexinfer_scheduler.domain.election import ElectionParams, cooldown_remaining
 from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import apply_plan, plan_group
 from flexinfer_scheduler.domain.residency import free_memory, memory_of, place, placement_of
@@ -750,16 +750,12 @@ class Comparison:
 
 
 def _with_settings(policy: Policy, settings: Settings) -> Policy:
-    """The policy as the scheduler would run it with these settings (for FlexInfer's: FLEXINFER_QUIET_YIELD, and
-    the bounded wait that follows the queue timeout)."""
+    """The policy as the scheduler would run it with these settings (FlexInfer's fitted to the queue timeout and
+    FLEXINFER_QUIET_YIELD: ``ElectionParams.fitted_to``)."""
     if policy.name != "flexinfer":
         return policy
     quiet = timedelta(seconds=settings.quiet_yield) if settings.quiet_yield is not None else None
-    params = dataclasses.replace(
-        policy.params,
-        quiet_period=quiet_period_for(policy.params.demand_window, quiet),
-        flexinfer_max_wait=bounded_wait_for(timedelta(seconds=settings.queue_timeout)),
-    )
+    params = policy.params.fitted_to(timedelta(seconds=settings.queue_timeout), quiet)
     return dataclasses.replace(policy, params=params)
 
 

@@ -35,7 +35,7 @@ from flexinfer_common.messages import (
     SharedGroupStatus,
     new_id,
 )
-from flexinfer_scheduler.domain.election import ElectionParams, bounded_wait_for, quiet_period_for
+from flexinfer_scheduler.domain.election import ElectionParams
 from flexinfer_scheduler.domain.plan import GroupPlan, plan_group
 from flexinfer_scheduler.intake import BusIntake
 from flexinfer_scheduler.metrics import (
@@ -119,11 +119,9 @@ class Scheduler:
             demand_window=settings.shared_demand_window,
             recent_window=settings.recent_leader_window,
             default_swap_cooldown=settings.default_swap_cooldown,
-            quiet_period=quiet_period_for(settings.shared_demand_window, settings.quiet_yield),
-            flexinfer_max_wait=bounded_wait_for(settings.queue_timeout),
             policy=settings.scheduling_policy,
             explicit_swap_cooldown=settings.explicit_swap_cooldown,
-        )
+        ).fitted_to(settings.queue_timeout, settings.quiet_yield)
         # The proxies report in-flight counts every activity interval: a report older than a few is from a proxy
         # that is gone, and a drain waits one interval for the counts of a model that served lately.
         self.drain_settle = settings.activity_report_interval

@@ -41,19 +41,9 @@ from flexinfer_scheduler.domain.model import GroupSnapshot, Member, V1Alpha1Poli
 _EPOCH_KEY = float("-inf")
 QUIET_PERIOD = timedelta(seconds=10)
 BOUNDED_WAIT = timedelta(minutes=4)
-
-
-def quiet_period_for(demand_window: timedelta, quiet_yield: timedelta | None = None) -> timedelta:
-    """FlexInfer's quiet period: FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
-    (a holder the seed would call idle, not asked within the window, is quiet too)."""
-    return quiet_yield if quiet_yield is not None else min(QUIET_PERIOD, demand_window)
-
-
-def bounded_wait_for(queue_timeout: timedelta) -> timedelta:
-    """The bounded wait of a member without ``spec.gpu.maxWait``: 4 min, or four fifths of the queue timeout when
-    that is shorter, so that a model whose requests waited out the bound is loaded before they time out (the last
-    fifth is for the holder's drain and the load)."""
-    return min(BOUNDED_WAIT, queue_timeout * 4 / 5)
+YIELD_AFTER = timedelta(seconds=240)
+# The share of the queue timeout FlexInfer's waits may take by default (the rest is for the drain and the load).
+TIMEOUT_SHARE = 4 / 5
 
 
 class ElectionReason(StrEnum):
@@ -91,7 +81,7 @@ class ElectionParams:
     flexinfer_max_wait: timedelta = BOUNDED_WAIT
     # A quiet holder yields once the waiting it would end is worth a load: the member's requests waiting x how
     # long it has waited reaches ``yield_after`` (request-seconds), or its oldest waited ``yield_after`` alone.
-    yield_after: timedelta = timedelta(seconds=240)
+    yield_after: timedelta = YIELD_AFTER
     # the operator's FLEXINFER_DEFAULT_SWAP_COOLDOWN when set explicitly: FlexInfer's policy then holds as the seed
     explicit_swap_cooldown: timedelta | None = None
 
@@ -104,6 +94,21 @@ class ElectionParams:
     def seed(self) -> ElectionParams:
         """These parameters with the seed's exact rules."""
         return replace(self, policy=SchedulingPolicy.SEED)
+
+    def fitted_to(self, queue_timeout: timedelta, quiet_yield: timedelta | None = None) -> ElectionParams:
+        """FlexInfer's defaults fitted to the timings the user set, so that no default waits past them:
+        - the quiet period is FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
+          (a holder the seed would call idle, not asked within the window, is quiet too);
+        - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, and ``yield_after`` 240
+          request-seconds, or four fifths of the queue timeout when that is shorter: a model whose requests waited
+          that long is loaded before they time out (the last fifth is for the holder's drain and the load)."""
+        share = queue_timeout * TIMEOUT_SHARE
+        return replace(
+            self,
+            quiet_period=quiet_yield if quiet_yield is not None else min(QUIET_PERIOD, self.demand_window),
+            flexinfer_max_wait=min(BOUNDED_WAIT, share),
+            yield_after=min(YIELD_AFTER, share),
+        )
 
 
 @dataclass(frozen=True)

@@ -398,6 +398,9 @@ async def wake_up(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = _state(request)
+    # Numbered as the request reaches its handler, before its body is read: concurrent handlers finish reading
+    # their bodies in any order, so a number taken later would not say the order the requests arrived in.
+    completion_id = state.next_id("chatcmpl")
     body = await _json_body(request)
     stream, include_usage = _check_common(body)
     messages = body.get("messages")
@@ -422,7 +425,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = state.config.model
     content = f"[{model}] {last_user}"
     usage = _usage(prompt_tokens, count_tokens(content))
-    completion_id = state.next_id("chatcmpl")
     created = int(time.time())
 
     if not stream:

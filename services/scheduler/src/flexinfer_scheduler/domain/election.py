@@ -73,7 +73,8 @@ class ElectionParams:
     # long is idle (the seed: not asked within the demand window). ``hold_factor`` x the holder's measured load
     # time, within [``hold_min``, ``hold_max``]: how long a new holder keeps the GPU while it is busy, so that its
     # load pays for itself (the seed's fixed 5-minute cooldown, when no member sets ``swapCooldown``).
-    # ``flexinfer_max_wait``: the bounded wait of a member without ``spec.gpu.maxWait``.
+    # ``flexinfer_max_wait``: the bounded wait of a member without ``spec.gpu.maxWait``. The scheduler and the
+    # simulator fit ``quiet_period``, ``flexinfer_max_wait`` and ``yield_after`` to the user's timings (``fitted_to``).
     quiet_period: timedelta = QUIET_PERIOD
     hold_factor: float = 1.0
     hold_min: timedelta = timedelta(seconds=10)

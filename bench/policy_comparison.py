@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import random
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from _common import print_rows_in_parallel
 
@@ -29,34 +29,25 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "examples" / "traces"
 
 
-def _generator():  # type: ignore[no-untyped-def]
+def _generator() -> ModuleType:
+    """examples/traces/generate.py, which is a script, not a package's module."""
     spec = importlib.util.spec_from_file_location("trace_generator", TRACES / "generate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
 
 def variants(count: int, first_seed: int = 1000) -> dict[str, Trace]:
-    """``count`` new traces of each generated kind (other random seeds than the shipped files)."""
+    """``count`` new traces of each kind drawn at random (other random seeds than the shipped files)."""
     gen = _generator()
-    out: dict[str, Trace] = {}
-    kinds = {
-        "homelab-day": gen.homelab_day,
-        "bursty-two-models": gen.bursty_two_models,
-        "team-working-day": gen.team_working_day,
-        "chat-beside-batch": gen.chat_beside_batch,
-        "many-models": gen.many_models,
+    return {
+        f"{kind}@{seed}": read_trace(gen.trace_lines(kind, seed), source=f"{kind}@{seed}")
+        for kind, about in gen.KINDS.items()
+        if about.seed is not None
+        for seed in range(first_seed, first_seed + count)
     }
-    for kind, make in kinds.items():
-        for i in range(count):
-            seed = first_seed + i
-            gen.OUT = {}
-            make(random.Random(seed))
-            (lines,) = gen.OUT.values()
-            out[f"{kind}@{seed}"] = read_trace(lines, source=f"{kind}@{seed}")
-    gen.OUT = None
-    return out
 
 
 def worst_p95(outcome) -> float:  # type: ignore[no-untyped-def]

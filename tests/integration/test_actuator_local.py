@@ -30,8 +30,9 @@ from flexinfer_common import subjects
 from flexinfer_common.bus import Bus
 from flexinfer_common.clock import SystemClock, utcnow
 from flexinfer_common.enums import ParkStrategy, RuntimePhase, ScaleAction
-from flexinfer_common.messages import ActuatorHello, RuntimeSpec, RuntimeStatus, ScaleCommand
+from flexinfer_common.messages import ActuatorHello, RuntimeSpec, RuntimeStatus
 from flexinfer_testbed.system import fake_model_command
+from tests.support.actuator import scale_command
 from tests.support.processes import alive
 from tests.support.waiting import wait_for
 
@@ -131,12 +132,12 @@ async def send(
         park_strategy=park_strategy,
         **runtime,
     )
-    message = ScaleCommand(
-        namespace=NAMESPACE,
-        model=model,
-        action=action,
+    message = scale_command(
         generation=generation,
-        leader_epoch=epoch,
+        epoch=epoch,
+        model=model,
+        namespace=NAMESPACE,
+        action=action,
         runtime=spec,
         issued_at=utcnow(),
     )
@@ -346,14 +347,7 @@ async def test_a_command_off_the_allow_list_never_runs(
     spec = RuntimeSpec(namespace=NAMESPACE, name="evil", command=argv, env=env)
     await bus.publish(
         subjects.command_subject(NAMESPACE, "evil"),
-        ScaleCommand(
-            namespace=NAMESPACE,
-            model="evil",
-            action=ScaleAction.ACTIVATE,
-            generation=1,
-            runtime=spec,
-            issued_at=utcnow(),
-        ),
+        scale_command(generation=1, model="evil", namespace=NAMESPACE, runtime=spec, issued_at=utcnow()),
     )
     failed = await statuses.wait_for("evil", RuntimePhase.FAILED, generation=1)
     assert rule in failed.message

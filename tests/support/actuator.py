@@ -14,17 +14,27 @@ from flexinfer_common.messages import RuntimeSpec, RuntimeStatus, ScaleCommand
 ENDPOINT = "http://127.0.0.1:9"
 
 
-def scale_command(*, generation: int, epoch: int = 0) -> ScaleCommand:
-    """An activate of ``default/m`` (``serve``) of ``generation``, sent by the scheduler leader of ``epoch`` (0: a
-    scheduler without fencing)."""
+def scale_command(
+    *,
+    generation: int,
+    epoch: int = 0,
+    model: str = "m",
+    namespace: str = "default",
+    action: ScaleAction = ScaleAction.ACTIVATE,
+    runtime: RuntimeSpec | None = None,
+    issued_at: datetime | None = None,
+) -> ScaleCommand:
+    """The scheduler's command ``action`` (an activate unless told) for ``namespace/model`` of ``generation``, sent
+    by the scheduler leader of ``epoch`` (0: a scheduler without fencing) at ``issued_at`` (a fixed instant unless
+    told); it runs ``runtime`` (``serve`` unless told)."""
     return ScaleCommand(
-        namespace="default",
-        model="m",
-        action=ScaleAction.ACTIVATE,
+        namespace=namespace,
+        model=model,
+        action=action,
         generation=generation,
         leader_epoch=epoch,
-        runtime=RuntimeSpec(namespace="default", name="m", command=["serve"]),
-        issued_at=datetime(2026, 1, 1, tzinfo=UTC),
+        runtime=runtime or RuntimeSpec(namespace=namespace, name=model, command=["serve"]),
+        issued_at=issued_at or datetime(2026, 1, 1, tzinfo=UTC),
     )
 
 

@@ -17,10 +17,9 @@ Exits 1 when a goal is missed on any trace.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import runpy
 import sys
 from pathlib import Path
-from types import ModuleType
 
 from _common import print_rows_in_parallel
 
@@ -30,22 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "examples" / "traces"
 
 
-def _generator() -> ModuleType:
-    """examples/traces/generate.py, which is a script, not a package's module."""
-    spec = importlib.util.spec_from_file_location("trace_generator", TRACES / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def variants(count: int, first_seed: int = 1000) -> dict[str, Trace]:
     """``count`` new traces of each kind drawn at random (other random seeds than the shipped files)."""
-    gen = _generator()
+    generator = runpy.run_path(str(TRACES / "generate.py"))  # a script beside the traces, not a package's module
     return {
-        f"{kind}@{seed}": read_trace(gen.trace_lines(kind, seed), source=f"{kind}@{seed}")
-        for kind, about in gen.KINDS.items()
+        f"{kind}@{seed}": read_trace(generator["trace_lines"](kind, seed), source=f"{kind}@{seed}")
+        for kind, about in generator["KINDS"].items()
         if about.seed is not None
         for seed in range(first_seed, first_seed + count)
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -431,3 +432,17 @@ def test_a_pinned_model_keeps_the_card_against_an_equal_priority(pinned: bool, s
     outcome = simulate(read_trace(lines), ["flexinfer"]).outcomes["flexinfer"]
     assert outcome.timed_out == 3 - served
     assert outcome.peak_memory == 16 * GIB  # never both
+
+
+def test_the_shipped_example_traces_are_what_their_generator_writes() -> None:
+    """examples/traces/generate.py names every kind of day once (KINDS); each shipped file is its kind drawn with
+    the seed it names, so rerunning the generator changes nothing, and a new kind is a new file."""
+    generator = runpy.run_path(str(EXAMPLES / "generate.py"))
+    kinds, trace_lines = generator["KINDS"], generator["trace_lines"]
+    assert {p.stem for p in EXAMPLES.glob("*.jsonl")} == set(kinds)
+    for kind in kinds:
+        assert (EXAMPLES / f"{kind}.jsonl").read_text() == "\n".join(trace_lines(kind)) + "\n", kind
+    # another seed draws another day of the same models
+    shipped = load_trace(EXAMPLES / "team-working-day.jsonl")
+    other = read_trace(trace_lines("team-working-day", 1000))
+    assert set(other.models) == set(shipped.models) and other.requests != shipped.requests

@@ -405,33 +405,27 @@ class KubernetesScaler:
             model.was_ready = True
         elif verdict.phase is RuntimePhase.LOADING and model.reported and model.reported[0] is RuntimePhase.READY:
             model.loading_since = self._monotonic()  # a restart gets a load timeout of its own
-        said = (verdict.phase, verdict.endpoint, verdict.message)
-        if said == model.reported:
+        if (verdict.phase, verdict.endpoint, verdict.message) == model.reported:
             return
-        model.reported = said
         if verdict.phase is RuntimePhase.FAILED:
             model.finished = True
             log.warning("model failed", extra={**model.where, "reason": verdict.message})
             self._note(model, EventType.WARNING, "RuntimeFailed", verdict.message)
         elif verdict.phase is RuntimePhase.READY:
             log.info("model ready", extra={**model.where, "endpoint": verdict.endpoint})
-        await self._on_status(
-            Observation(
-                namespace=model.spec.namespace,
-                name=model.spec.name,
-                phase=verdict.phase,
-                generation=model.generation,
-                endpoint=verdict.endpoint,
-                message=verdict.message,
-            )
-        )
+        await self._report(model, verdict.phase, endpoint=verdict.endpoint, message=verdict.message)
         if verdict.phase is RuntimePhase.PARKED:
             model.parked.set()
 
-    async def _report(self, model: _Model, phase: RuntimePhase, *, message: str = "") -> None:
-        model.reported = (phase, None, message)
+    async def _report(
+        self, model: _Model, phase: RuntimePhase, *, endpoint: str | None = None, message: str = ""
+    ) -> None:
+        """Report ``phase`` for the command the model answers now, and remember it (a verdict is reported once)."""
+        model.reported = (phase, endpoint, message)
         await self._on_status(
-            Observation(model.spec.namespace, model.spec.name, phase, model.generation, message=message)
+            Observation(
+                model.spec.namespace, model.spec.name, phase, model.generation, endpoint=endpoint, message=message
+            )
         )
 
     def _note(self, model: _Model, kind: EventType, reason: str, message: str) -> None:

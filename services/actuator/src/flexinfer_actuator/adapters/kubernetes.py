@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 import stamina
 
 from flexinfer_actuator.adapters.sleep_mode import SleepMode
-from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
+from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase, log_fields
 from flexinfer_actuator.domain.workloads import (
     DEFAULT_MODEL_PORT,
     RunState,
@@ -88,12 +88,7 @@ class _Model:
 
     @property
     def where(self) -> dict[str, object]:
-        return {
-            "namespace": self.spec.namespace,
-            "model": self.spec.name,
-            "deployment": self.deployment,
-            "generation": self.generation,
-        }
+        return log_fields(self.spec, self.generation, deployment=self.deployment)
 
 
 class KubernetesScaler:

@@ -36,6 +36,19 @@ def model(name: str = "chat", **status: Any) -> dict[str, Any]:
     }
 
 
+def group(name: str, policy: str, state: str, **fields: Any) -> dict[str, Any]:
+    """A GPU group of the groups API: no active model, no cooldown left and no lease unless ``fields`` say so."""
+    return {
+        "name": name,
+        "policy": policy,
+        "activeModel": None,
+        "state": state,
+        "cooldownRemainingSeconds": 0,
+        "lease": None,
+        **fields,
+    }
+
+
 def queue(model: str, queued: int, oldest_wait: float) -> dict[str, Any]:
     return {"namespace": "default", "model": model, "queued": queued, "oldestWaitSeconds": oldest_wait}
 
@@ -81,28 +94,25 @@ def test_render_table_has_no_trailing_spaces() -> None:
         ),
         pytest.param(
             Kind.GROUPS,
-            {
-                "name": "homelab-gpu",
-                "policy": "v1alpha2",
-                "activeModel": {"namespace": "default", "name": "chat-large"},
-                "state": "Stable",
-                "cooldownRemainingSeconds": 95,
-                "lease": None,
-                "models": [],
-            },
+            group(
+                "homelab-gpu",
+                "v1alpha2",
+                "Stable",
+                activeModel={"namespace": "default", "name": "chat-large"},
+                cooldownRemainingSeconds=95,
+                models=[],
+            ),
             ["homelab-gpu", "v1alpha2", "default/chat-large", "Stable", "1m35s", "<none>"],
             id="groups-active-in-cooldown",
         ),
         pytest.param(
             Kind.GROUPS,
-            {
-                "name": "g",
-                "policy": "v1alpha1",
-                "activeModel": None,
-                "state": "Leased",
-                "cooldownRemainingSeconds": 0,
-                "lease": {"name": "lora-lease", "owner": "lora", "expiresAt": "2026-01-01T00:00:00Z"},
-            },
+            group(
+                "g",
+                "v1alpha1",
+                "Leased",
+                lease={"name": "lora-lease", "owner": "lora", "expiresAt": "2026-01-01T00:00:00Z"},
+            ),
             ["g", "v1alpha1", "<none>", "Leased", "0s", "lora-lease"],
             id="groups-leased-no-active",
         ),

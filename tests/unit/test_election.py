@@ -67,75 +67,55 @@ def group(*members: Member, active: str | None = None, lease: Lease | None = Non
     )
 
 
+def swap_back(
+    preempted: datetime, *, priority: int = 0, cooldowns: tuple[timedelta | None, timedelta | None] = (None, None)
+) -> GroupSnapshot:
+    """Stage 1's cast: "a" holds the GPU it took from "b" at ``preempted``, and "b" (at ``priority``) was asked for
+    5 s ago. ``cooldowns``: the swapCooldown of "a" and of "b" (None: the default)."""
+    return group(
+        model("a", ready=True, cooldown=cooldowns[0]),
+        model("b", priority=priority, active=ago(seconds=5), preempted=preempted, cooldown=cooldowns[1]),
+        active="a",
+    )
+
+
+def gate(holder_priority: int, holder_active: datetime | None, priority: int) -> GroupSnapshot:
+    """Stage 3's cast: "a" holds the GPU (Ready, its last request at ``holder_active``; None: never used) and "b",
+    at ``priority``, was asked for a second ago: the priority gate's rows differ in these three alone."""
+    return group(
+        model("a", priority=holder_priority, ready=True, active=holder_active),
+        model("b", priority=priority, active=ago(seconds=1)),
+        active="a",
+    )
+
+
 CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
     # Stage 1 — anti-thrashing
     "cooldown-holds-active-against-higher-priority-demand": (
         ("a", ElectionReason.COOLDOWN),
-        group(
-            model("a", ready=True),
-            model("b", priority=100, active=ago(seconds=5), preempted=ago(minutes=1)),
-            active="a",
-        ),
+        swap_back(ago(minutes=1), priority=100),
     ),
-    "cooldown-over-after-5-minutes-default": (
-        ("b", ElectionReason.DEMAND),
-        group(
-            model("a", ready=True), model("b", active=ago(seconds=5), preempted=ago(minutes=5, seconds=1)), active="a"
-        ),
-    ),
+    "cooldown-over-after-5-minutes-default": (("b", ElectionReason.DEMAND), swap_back(ago(minutes=5, seconds=1))),
     "cooldown-is-the-maximum-swapCooldown-of-the-group": (
         ("a", ElectionReason.COOLDOWN),
-        group(
-            model("a", ready=True, cooldown=timedelta(minutes=10)),
-            model("b", active=ago(seconds=5), preempted=ago(minutes=7), cooldown=timedelta(minutes=3)),
-            active="a",
-        ),
+        swap_back(ago(minutes=7), cooldowns=(timedelta(minutes=10), timedelta(minutes=3))),
     ),
     "per-model-swapCooldown-override-shortens-it": (
         ("b", ElectionReason.DEMAND),
-        group(
-            model("a", ready=True, cooldown=timedelta(minutes=2)),
-            model("b", active=ago(seconds=5), preempted=ago(minutes=3), cooldown=timedelta(minutes=2)),
-            active="a",
-        ),
+        swap_back(ago(minutes=3), cooldowns=(timedelta(minutes=2), timedelta(minutes=2))),
     ),
     # Stage 3 — demand-based preemption and the priority gate
-    "equal-priority-demand-preempts-idle-incumbent": (
-        ("b", ElectionReason.DEMAND),
-        group(
-            model("a", priority=100, ready=True, active=ago(minutes=3)),
-            model("b", priority=100, active=ago(seconds=1)),
-            active="a",
-        ),
-    ),
-    "higher-priority-demand-preempts-idle-incumbent": (
-        ("b", ElectionReason.DEMAND),
-        group(
-            model("a", priority=100, ready=True, active=ago(minutes=3)),
-            model("b", priority=200, active=ago(seconds=1)),
-            active="a",
-        ),
-    ),
+    "equal-priority-demand-preempts-idle-incumbent": (("b", ElectionReason.DEMAND), gate(100, ago(minutes=3), 100)),
+    "higher-priority-demand-preempts-idle-incumbent": (("b", ElectionReason.DEMAND), gate(100, ago(minutes=3), 200)),
     "lower-priority-demand-never-preempts-even-idle-incumbent": (
         ("a", ElectionReason.READY),
-        group(
-            model("a", priority=200, ready=True, active=ago(minutes=3)),
-            model("b", priority=100, active=ago(seconds=1)),
-            active="a",
-        ),
+        gate(200, ago(minutes=3), 100),
     ),
     "busy-incumbent-is-not-preempted-even-by-higher-priority": (
         ("a", ElectionReason.READY),
-        group(
-            model("a", priority=100, ready=True, active=ago(seconds=30)),
-            model("b", priority=200, active=ago(seconds=1)),
-            active="a",
-        ),
+        gate(100, ago(seconds=30), 200),
     ),
-    "incumbent-never-used-counts-as-idle": (
-        ("b", ElectionReason.DEMAND),
-        group(model("a", ready=True, active=None), model("b", active=ago(seconds=1)), active="a"),
-    ),
+    "incumbent-never-used-counts-as-idle": (("b", ElectionReason.DEMAND), gate(0, None, 0)),
     "demand-expires-after-2-minutes": (
         ("a", ElectionReason.READY),
         group(model("a", ready=True, active=ago(minutes=3)), model("b", active=ago(minutes=2, seconds=1)), active="a"),

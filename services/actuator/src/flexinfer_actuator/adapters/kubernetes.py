@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 import stamina
 
 from flexinfer_actuator.adapters.sleep_mode import SleepMode
-from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
+from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase, log_fields
 from flexinfer_actuator.domain.workloads import (
     DEFAULT_MODEL_PORT,
     RunState,
@@ -88,12 +88,7 @@ class _Model:
 
     @property
     def where(self) -> dict[str, object]:
-        return {
-            "namespace": self.spec.namespace,
-            "model": self.spec.name,
-            "deployment": self.deployment,
-            "generation": self.generation,
-        }
+        return log_fields(self.spec, self.generation, deployment=self.deployment)
 
 
 class KubernetesScaler:
@@ -405,33 +400,27 @@ class KubernetesScaler:
             model.was_ready = True
         elif verdict.phase is RuntimePhase.LOADING and model.reported and model.reported[0] is RuntimePhase.READY:
             model.loading_since = self._monotonic()  # a restart gets a load timeout of its own
-        said = (verdict.phase, verdict.endpoint, verdict.message)
-        if said == model.reported:
+        if (verdict.phase, verdict.endpoint, verdict.message) == model.reported:
             return
-        model.reported = said
         if verdict.phase is RuntimePhase.FAILED:
             model.finished = True
             log.warning("model failed", extra={**model.where, "reason": verdict.message})
             self._note(model, EventType.WARNING, "RuntimeFailed", verdict.message)
         elif verdict.phase is RuntimePhase.READY:
             log.info("model ready", extra={**model.where, "endpoint": verdict.endpoint})
-        await self._on_status(
-            Observation(
-                namespace=model.spec.namespace,
-                name=model.spec.name,
-                phase=verdict.phase,
-                generation=model.generation,
-                endpoint=verdict.endpoint,
-                message=verdict.message,
-            )
-        )
+        await self._report(model, verdict.phase, endpoint=verdict.endpoint, message=verdict.message)
         if verdict.phase is RuntimePhase.PARKED:
             model.parked.set()
 
-    async def _report(self, model: _Model, phase: RuntimePhase, *, message: str = "") -> None:
-        model.reported = (phase, None, message)
+    async def _report(
+        self, model: _Model, phase: RuntimePhase, *, endpoint: str | None = None, message: str = ""
+    ) -> None:
+        """Report ``phase`` for the command the model answers now, and remember it (a verdict is reported once)."""
+        model.reported = (phase, endpoint, message)
         await self._on_status(
-            Observation(model.spec.namespace, model.spec.name, phase, model.generation, message=message)
+            Observation(
+                model.spec.namespace, model.spec.name, phase, model.generation, endpoint=endpoint, message=message
+            )
         )
 
     def _note(self, model: _Model, kind: EventType, reason: str, message: str) -> None:

@@ -65,7 +65,7 @@ from flexinfer_actuator.domain.presets import (
     engines_for,
     render_preset,
 )
-from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase
+from flexinfer_actuator.domain.processes import Observation, ProcessInfo, ProcessPhase, log_fields
 from flexinfer_actuator.ports import GpuMemory, StatusSink
 from flexinfer_actuator.settings import ActuatorSettings
 from flexinfer_common.clock import Clock, SystemClock
@@ -155,13 +155,7 @@ class _Runtime:
     @property
     def where(self) -> dict[str, object]:
         """Log fields naming this process."""
-        return {
-            "namespace": self.spec.namespace,
-            "model": self.spec.name,
-            "pid": self.pid,
-            "port": self.port,
-            "generation": self.generation,
-        }
+        return log_fields(self.spec, self.generation, pid=self.pid, port=self.port)
 
 
 class LocalProcessScaler:

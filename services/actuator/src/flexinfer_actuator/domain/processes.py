@@ -7,6 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from flexinfer_common.enums import RuntimePhase
+from flexinfer_common.messages import RuntimeSpec
 
 
 class ProcessPhase(StrEnum):
@@ -48,3 +49,9 @@ class Observation:
     message: str = ""
     pid: int | None = None
     memory: int | None = None  # the GPU memory its processes hold on the device where they hold most (measured)
+
+
+def log_fields(spec: RuntimeSpec, generation: int, **more: object) -> dict[str, object]:
+    """The fields that name a model's runtime in a back-end's log lines, the same in both back-ends: the model, what
+    the back-end runs it as (``more``: a Deployment, a pid and port) and the command generation it answers."""
+    return {"namespace": spec.namespace, "model": spec.name, **more, "generation": generation}

@@ -14,7 +14,7 @@ nothing loads into them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -139,23 +139,15 @@ def plan_residency(
     placed = place(need, wanted.devices, free_memory(capacity, by_key, current, reserved))
     if placed is not None:
         return Residency({**current, candidate: placed}, (), ResidencyReason.FITS)
-    evictable = sorted(
-        (k for k in current if may_evict(by_key[k], wanted) and (allowed is None or k in allowed)),
-        key=lambda k: eviction_cost(by_key[k], now),
-    )
-    evict: list[ModelKey] = []
-    for key in evictable:  # cheapest first until the candidate fits
-        evict.append(key)
+    evictable = [k for k in current if may_evict(by_key[k], wanted) and (allowed is None or k in allowed)]
+
+    def fits(evict: list[ModelKey]) -> bool:
         left = {k: v for k, v in current.items() if k not in evict}
-        if place(need, wanted.devices, free_memory(capacity, by_key, left, reserved)) is not None:
-            break
-    else:
+        return place(need, wanted.devices, free_memory(capacity, by_key, left, reserved)) is not None
+
+    evict = _cheapest_set(evictable, fits, lambda k: eviction_cost(by_key[k], now))
+    if evict is None:
         return Residency(current, (), ResidencyReason.NO_ROOM)
-    for key in sorted(evict, key=lambda k: eviction_cost(by_key[k], now), reverse=True):  # keep what need not go
-        trial = [k for k in evict if k != key]
-        left = {k: v for k, v in current.items() if k not in trial}
-        if place(need, wanted.devices, free_memory(capacity, by_key, left, reserved)) is not None:
-            evict = trial
     left = {k: v for k, v in current.items() if k not in evict}
     placed = place(need, wanted.devices, free_memory(capacity, by_key, left, reserved))
     assert placed is not None  # the loop above stopped on a set that fits
@@ -186,23 +178,36 @@ def _freeing(
 ) -> tuple[ModelKey, ...]:
     """The cheapest models of ``device`` whose eviction leaves ``need`` free there: cheapest first until enough is
     free, then every one that need not go is kept (most expensive first)."""
-    here = sorted(
-        (k for k, devices in placements.items() if device in devices), key=lambda k: eviction_cost(by_key[k], now)
-    )
+    here = [k for k, devices in placements.items() if device in devices]
 
-    def left_free(evict: list[ModelKey]) -> int:
-        return free_memory(capacity, by_key, {k: v for k, v in placements.items() if k not in evict})[device]
+    def fits(evict: list[ModelKey]) -> bool:
+        return free_memory(capacity, by_key, {k: v for k, v in placements.items() if k not in evict})[device] >= need
 
+    evict = _cheapest_set(here, fits, lambda k: eviction_cost(by_key[k], now))
+    return tuple(here if evict is None else evict)
+
+
+def _cheapest_set(
+    evictable: list[ModelKey],
+    fits: Callable[[list[ModelKey]], bool],
+    cost: Callable[[ModelKey], tuple[int, int, float, float]],
+) -> list[ModelKey] | None:
+    """The models to evict so that what is wanted ``fits``: the cheapest first until it does, then every one that
+    need not go is kept, the dearest first (None: not even evicting them all makes it fit)."""
+    by_cost = sorted(evictable, key=cost)
     evict: list[ModelKey] = []
-    for key in here:
-        if left_free(evict) >= need:
+    for key in by_cost:
+        if fits(evict):
             break
         evict.append(key)
-    for key in sorted(evict, key=lambda k: eviction_cost(by_key[k], now), reverse=True):
+    else:
+        if not fits(evict):
+            return None
+    for key in sorted(evict, key=cost, reverse=True):
         trial = [k for k in evict if k != key]
-        if left_free(trial) >= need:
+        if fits(trial):
             evict = trial
-    return tuple(evict)
+    return evict
 
 
 def plan_reservation(

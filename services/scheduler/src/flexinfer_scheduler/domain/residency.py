@@ -183,6 +183,8 @@ def _freeing(
     def fits(evict: list[ModelKey]) -> bool:
         return free_memory(capacity, by_key, {k: v for k, v in placements.items() if k not in evict})[device] >= need
 
+    if fits([]):
+        return ()
     evict = _cheapest_set(here, fits, lambda k: eviction_cost(by_key[k], now))
     return tuple(here if evict is None else evict)
 
@@ -192,17 +194,15 @@ def _cheapest_set(
     fits: Callable[[list[ModelKey]], bool],
     cost: Callable[[ModelKey], tuple[int, int, float, float]],
 ) -> list[ModelKey] | None:
-    """The models to evict so that what is wanted ``fits``: the cheapest first until it does, then every one that
-    need not go is kept, the dearest first (None: not even evicting them all makes it fit)."""
-    by_cost = sorted(evictable, key=cost)
+    """The models to evict so that what is wanted ``fits`` (it does not with none evicted): the cheapest first until
+    it does, then every one that need not go is kept, the dearest first (None: not even evicting them all will do)."""
     evict: list[ModelKey] = []
-    for key in by_cost:
+    for key in sorted(evictable, key=cost):
+        evict.append(key)
         if fits(evict):
             break
-        evict.append(key)
     else:
-        if not fits(evict):
-            return None
+        return None
     for key in sorted(evict, key=cost, reverse=True):
         trial = [k for k in evict if k != key]
         if fits(trial):

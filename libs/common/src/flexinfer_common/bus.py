@@ -385,8 +385,12 @@ class Bus:
         refused = asyncio.Event()
         last_error: list[Exception] = []  # what nats-py reported last while connecting (a TLS failure, ...)
 
+        tls_failure: list[ssl.SSLError] = []  # the latest TLS failure of any attempt (it says why; a reset does not)
+
         async def on_error(exc: Exception) -> None:
             last_error[:] = [exc]
+            if isinstance(exc, ssl.SSLError):
+                tls_failure[:] = [exc]
             if _is_auth_error(exc):
                 if not refused.is_set():
                     log.error("nats refused our credentials", extra={"error": repr(exc), "user": self._who()})
@@ -444,9 +448,18 @@ class Bus:
                     + (f"the credentials of {who!r}" if who else "a connection without credentials")
                     + " (FLEXINFER_NATS_USER/_PASSWORD, _CREDS or _NKEY)"
                 ) from None
+            if isinstance(failure, ssl.SSLError):
+                tls_failure[:] = [failure]
             if loop.time() > deadline:
                 cause = failure if failure is not None else next(iter(last_error), None)
-                hint = " (TLS: FLEXINFER_NATS_TLS_CA, _CERT and _KEY)" if isinstance(cause, ssl.SSLError) else ""
+                # A server that refuses the handshake answers with a TLS alert or, when it closes first (TLS 1.3
+                # checks the client's certificate after the client is done), with a reset: either way it is TLS.
+                tls = "tls" in options or self.url.startswith("tls://")
+                if tls_failure or (tls and isinstance(cause, ConnectionResetError)):
+                    cause = tls_failure[0] if tls_failure else cause
+                    hint = " (TLS: FLEXINFER_NATS_TLS_CA, _CERT and _KEY)"
+                else:
+                    hint = ""
                 raise ConnectionError(f"cannot reach NATS at {redact_url(self.url)}: {cause!r}{hint}") from None
             await asyncio.sleep(0.3)
         self._js = self._nc.jetstream(timeout=5)

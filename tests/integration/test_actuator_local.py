@@ -93,7 +93,11 @@ class StatusLog:
         return [s for s in self.items if s.model == model]
 
     def sequence(self, model: str) -> list[tuple[RuntimePhase, int]]:
-        return [(s.phase, s.generation) for s in self.of(model)]
+        """The phases ``model`` went through, each with its generation. A load that outlasts the probe's quiet
+        second repeats Loading with what the probe saw: that is progress within the load, left out here (a repeated
+        Ready is an answer to a repeated command, and stays)."""
+        phases = [(s.phase, s.generation) for s in self.of(model)]
+        return [p for i, p in enumerate(phases) if not (i and p[0] is RuntimePhase.LOADING and phases[i - 1] == p)]
 
     async def wait_for(
         self, model: str, phase: RuntimePhase, *, generation: int | None = None, within: float = 10.0, count: int = 1

@@ -43,3 +43,20 @@ def test_the_loads_take_their_time(bound: ModuleType) -> None:
     assert bound.fewest_loads(([0], [3]), (8, 1), 10, 0) == 2
     assert bound.fewest_loads(([0], [3]), (8, 1), 5, 0) is None
     assert bound.fewest_loads(([0], [3]), (8, 1), 5, 1) == 1
+
+
+def test_a_cap_ends_every_wait(bound: ModuleType) -> None:
+    """With a long wait allowed, b's one request may wait all day (one load); capped at 100 s it is answered, a
+    second load; a cap no schedule keeps (as the 5 s of test_the_loads_take_their_time) leaves none; a cap at the
+    limit spends no long wait."""
+    assert bound.fewest_loads(([0], [10]), (1, 1), 5, 1) == 1
+    assert bound.fewest_loads(([0], [10]), (1, 1), 5, 1, cap=100) == 2
+    assert bound.fewest_loads(([0], [3]), (8, 1), 5, 1, cap=5) is None
+    assert bound.fewest_loads(([0, 20], [10, 30]), (1, 1), 5, 2, cap=5) == 4  # as alternation-tight-limit
+
+
+def test_a_cap_keeps_a_long_wait_that_fits_under_it(bound: ModuleType) -> None:
+    """b's first request may wait 15 s (over the 5 s limit, within a 20 s cap) while a serves its second: two
+    loads, as without a cap; a 10 s cap forces the alternation."""
+    assert bound.fewest_loads(([0, 20], [10, 30]), (1, 1), 5, 1, cap=20) == 2
+    assert bound.fewest_loads(([0, 20], [10, 30]), (1, 1), 5, 1, cap=10) > 2

@@ -78,6 +78,10 @@ class _Model:
     def deployment(self) -> str:
         return self.spec.deployment or self.spec.name
 
+    @property
+    def wanted_replicas(self) -> int:
+        return 1 if self.want is Want.RUN else 0
+
     def command(self, spec: RuntimeSpec, want: Want, generation: int) -> None:
         """A new command: what was judged for the previous one no longer holds."""
         self.spec, self.want, self.generation = spec, want, generation
@@ -256,8 +260,13 @@ class KubernetesScaler:
     def _deployment_changed(self, _: str, obj: Object) -> None:
         meta = obj.get("metadata") or {}
         namespace, name = meta.get("namespace"), meta.get("name")
+        replicas = workload_facts(namespace or "", name or "", obj, ()).replicas
         for key, model in self._models.items():
             if model.spec.namespace == namespace and model.deployment == name:
+                # Seen here, on each change, not only when judged: changes are judged together, and ours followed
+                # at once by someone else's would otherwise look like ours not yet seen (and theirs go unnoticed).
+                if replicas == model.wanted_replicas:
+                    model.write_seen = True
                 self._mark(key)
 
     def _pod_changed(self, _: str, obj: Object) -> None:

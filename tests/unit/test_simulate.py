@@ -166,6 +166,34 @@ def test_offline_lower_bound() -> None:
 
 
 @pytest.mark.parametrize(
+    ("load", "park", "loads"),
+    [
+        pytest.param(28, 4, 3, id="a-load-and-a-park-do-not-fit-in-the-overlap"),
+        pytest.param(0, 0, 2, id="instant-swaps-could-answer-b-first"),
+        pytest.param(10, 4, 2, id="they-fit-in-the-overlap"),
+    ],
+)
+def test_the_offline_bound_counts_the_park_and_load_a_change_takes(load: float, park: float, loads: int) -> None:
+    """a's first request waits until 300 s, b's from 280 s: answering b first leaves a to be loaded after b's park,
+    which ends after 300 s when a load and a park take longer than the 20 s the waits share. Then a, b, a is
+    forced (b at 280 s and a at 560 s are further apart than the timeout less a's load and b's park): three loads,
+    where waits alone (instant swaps) force two."""
+    model = {"loadSeconds": load, "parkSeconds": park}
+    requests = [{"at": at, "model": m, "serviceSeconds": 1} for at, m in ((0, "a"), (280, "b"), (560, "a"))]
+    parsed = read_trace(trace({"model": "a", **model}, {"model": "b", **model}, *requests))
+    assert offline_lower_bound(parsed, queue_timeout=300) == loads
+
+
+@pytest.mark.parametrize("name", ["bursty-two-models", "chat-beside-batch", "team-working-day"])
+def test_no_policy_that_answers_every_request_loads_less_than_the_offline_bound(name: str) -> None:
+    parsed = load_trace(EXAMPLES / f"{name}.jsonl")
+    comparison = simulate(parsed, ["flexinfer", "offline"], Settings(one_at_a_time=True))
+    ours = comparison.outcomes["flexinfer"]
+    assert ours.timed_out == 0 and comparison.offline is not None
+    assert len(parsed.models) < comparison.offline <= ours.loads
+
+
+@pytest.mark.parametrize(
     ("line", "message"),
     [
         pytest.param("{not json", "line 1: not JSON", id="not-json"),

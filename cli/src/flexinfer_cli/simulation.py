@@ -31,6 +31,7 @@ Policies, side by side:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import json
@@ -702,32 +703,39 @@ class Simulation:
 
 def offline_lower_bound(trace: Trace, queue_timeout: float, capacity: Capacity | None = None) -> int:
     """At least this many loads are needed to answer every request within the queue timeout, whatever the policy
-    (even one that knew the whole trace in advance, with instant loads and service).
+    (even one that knew the whole trace in advance, with instant service).
 
-    A request is answered only if its model holds the GPU at some moment of its wait ``[at, at + timeout]``. Take a
-    chain of requests whose waits do not overlap, in time order: the GPU must hold their models in that order, so
-    each change of model along the chain is a load. The bound is 1 + the most changes over all such chains (a
-    dynamic programme over the requests in arrival order), and at least the number of distinct models. With a
-    ``capacity`` only a change between two models that cannot be loaded side by side counts (the next one cannot
-    have been loaded while the one before it was served, so it is loaded in between)."""
+    A request is answered only if its model is loaded at some moment ``s`` of its wait ``[at, at + timeout]``. Take
+    a chain of requests each of which must be answered after the one before it: the GPU holds their models in that
+    order, so each change of model along the chain is a load of its own. The bound is 1 + the most changes over all
+    such chains (a dynamic programme over the requests in arrival order), and at least the number of distinct
+    models. Request ``i`` (model ``a``) must come before a later request ``j`` (model ``b``):
+    - when their waits do not overlap (``at_j - at_i > timeout``), whatever the models;
+    - when ``b`` cannot be loaded beside ``a`` and ``at_j - at_i > timeout - load(a) - park(b)``: answering ``j``
+      first would leave ``a`` to be loaded after ``b``'s park, each taking the model's ``loadSeconds`` and
+      ``parkSeconds``, which ends after ``i`` gave up.
+    Without a capacity no two models are loaded side by side; with one only a change between two models that cannot
+    be counts (the next one cannot have been loaded while the one before it was served, so it is loaded in
+    between)."""
     models = sorted({r.model for r in trace.requests})
+    specs = {name: trace.models.get(name) or ModelSpec(name) for name in models}
     apart = {(a, b): a != b and not _side_by_side(trace, a, b, capacity) for a in models for b in models}
-    best_by_model = dict.fromkeys(models, -1)  # the most changes of a chain ending at a compatible request of m
-    compatible = 0
+    # per model, its requests' arrival times and the most changes of a chain ending at one of them or before
+    times: dict[str, list[float]] = {m: [] for m in models}
+    running: dict[str, list[int]] = {m: [] for m in models}
     best = 0
-    ordered = sorted(trace.requests, key=lambda r: r.at)
-    ends = sorted(((r.at + queue_timeout, i) for i, r in enumerate(ordered)), key=lambda e: e[0])
-    scores: dict[int, int] = {}
-    for i, r in enumerate(ordered):
-        # every request whose wait ended before this one's began may precede it in a chain
-        while compatible < len(ends) and ends[compatible][0] < r.at:
-            j = ends[compatible][1]
-            if j in scores:
-                model = ordered[j].model
-                best_by_model[model] = max(best_by_model[model], scores[j])
-            compatible += 1
-        score = max((v + apart[m, r.model] for m, v in best_by_model.items() if v >= 0), default=0)
-        scores[i] = score
+    for r in sorted(trace.requests, key=lambda r: r.at):
+        score = 0
+        for m in models:
+            gap = queue_timeout
+            if apart[m, r.model]:
+                gap = max(0.0, queue_timeout - specs[m].load_seconds - specs[r.model].park_seconds)
+            before = bisect.bisect_left(times[m], r.at - gap)  # those that arrived more than ``gap`` earlier
+            if before:
+                score = max(score, running[m][before - 1] + apart[m, r.model])
+        times[r.model].append(r.at)
+        previous = running[r.model][-1] if running[r.model] else 0
+        running[r.model].append(max(previous, score))
         best = max(best, score)
     return max(len(models), 1 + best)
 

@@ -17,6 +17,7 @@ from flexinfer_cli.simulation import (
     Outcome,
     Settings,
     Simulation,
+    Trace,
     TraceError,
     as_json,
     load_trace,
@@ -184,7 +185,17 @@ def test_the_offline_bound_counts_the_park_and_load_a_change_takes(load: float, 
     assert offline_lower_bound(parsed, queue_timeout=300) == loads
 
 
-@pytest.mark.parametrize("name", ["bursty-two-models", "chat-beside-batch", "team-working-day"])
+def test_the_offline_bound_adds_up_each_models_own_reloads() -> None:
+    """a and c are asked at the start and again half an hour later, b in between: a and c must each be loaded twice
+    and b once (five loads), where the most changes along one chain of requests answered in order is two (a or c,
+    then b, then a or c: three loads)."""
+    requests = [(0, "a"), (1, "c"), (1000, "b"), (2000, "a"), (2001, "c")]
+    parsed = read_trace(trace(*[{"at": at, "model": m, "serviceSeconds": 1} for at, m in requests]))
+    assert offline_lower_bound(parsed, queue_timeout=300) == 5
+    assert offline_lower_bound(Trace({}, [], None), queue_timeout=300) == 0  # nothing asked, nothing loaded
+
+
+@pytest.mark.parametrize("name", ["bursty-two-models", "chat-beside-batch", "team-working-day", "many-models"])
 def test_no_policy_that_answers_every_request_loads_less_than_the_offline_bound(name: str) -> None:
     parsed = load_trace(EXAMPLES / f"{name}.jsonl")
     comparison = simulate(parsed, ["flexinfer", "offline"], Settings(one_at_a_time=True))

@@ -705,39 +705,96 @@ def offline_lower_bound(trace: Trace, queue_timeout: float, capacity: Capacity |
     """At least this many loads are needed to answer every request within the queue timeout, whatever the policy
     (even one that knew the whole trace in advance, with instant service).
 
-    A request is answered only if its model is loaded at some moment ``s`` of its wait ``[at, at + timeout]``. Take
-    a chain of requests each of which must be answered after the one before it: the GPU holds their models in that
-    order, so each change of model along the chain is a load of its own. The bound is 1 + the most changes over all
-    such chains (a dynamic programme over the requests in arrival order), and at least the number of distinct
-    models. Request ``i`` (model ``a``) must come before a later request ``j`` (model ``b``):
+    A request is answered only if its model is loaded at some moment of its wait ``[at, at + timeout]``. Some pairs
+    of requests must be answered in arrival order (``_Precedence``), so along a chain of such pairs the moments of
+    answer rise. Two counts over those chains (dynamic programmes over the requests in arrival order), the larger:
+    - one chain: each change of model along it is a load of its own, so 1 + the most changes;
+    - a model at a time: a model answered, then a request of a model that cannot be loaded beside it, then the
+      model again along a chain was loaded again in between; its loads are 1 + the most such returns, and loads of
+      different models are different loads, so the sum over the models.
+    Without a capacity no two models are loaded side by side; with one only models that cannot be count as apart."""
+    order = _Precedence.of(trace, queue_timeout, capacity)
+    if not order.requests:
+        return 0
+    changes = order.most(1, lambda _: 0, lambda p, state, model: (state, int(order.apart[p, model])))
+    returns = 0
+    for model in order.models:
+
+        def start(first: str, model: str = model) -> int:
+            return _LOADED if first == model else _NOT_YET
+
+        def advance(_: str, state: int, next_model: str, model: str = model) -> tuple[int, int]:
+            if next_model == model:
+                return _LOADED, int(state == _PUT_AWAY)
+            if order.apart[next_model, model]:
+                return (_NOT_YET if state == _NOT_YET else _PUT_AWAY), 0
+            return state, 0
+
+        returns += 1 + order.most(3, start, advance)
+    return max(len(order.models), 1 + changes, returns)
+
+
+# a model's state along a chain of requests (``offline_lower_bound``): not answered yet, loaded since its last
+# request, or put away since (a request of a model that cannot be loaded beside it came after)
+_NOT_YET, _LOADED, _PUT_AWAY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _Precedence:
+    """Which requests must be answered before which, whatever the policy. Request ``i`` (model ``a``) must come
+    before a later request ``j`` (model ``b``):
     - when their waits do not overlap (``at_j - at_i > timeout``), whatever the models;
     - when ``b`` cannot be loaded beside ``a`` and ``at_j - at_i > timeout - load(a) - park(b)``: answering ``j``
-      first would leave ``a`` to be loaded after ``b``'s park, each taking the model's ``loadSeconds`` and
-      ``parkSeconds``, which ends after ``i`` gave up.
-    Without a capacity no two models are loaded side by side; with one only a change between two models that cannot
-    be counts (the next one cannot have been loaded while the one before it was served, so it is loaded in
-    between)."""
-    models = sorted({r.model for r in trace.requests})
-    specs = {name: trace.models.get(name) or ModelSpec(name) for name in models}
-    apart = {(a, b): a != b and not _side_by_side(trace, a, b, capacity) for a in models for b in models}
-    # per model, its requests' arrival times and the most changes of a chain ending at one of them or before
-    times: dict[str, list[float]] = {m: [] for m in models}
-    running: dict[str, list[int]] = {m: [] for m in models}
-    best = 0
-    for r in sorted(trace.requests, key=lambda r: r.at):
-        score = 0
-        for m in models:
-            gap = queue_timeout
-            if apart[m, r.model]:
-                gap = max(0.0, queue_timeout - specs[m].load_seconds - specs[r.model].park_seconds)
-            before = bisect.bisect_left(times[m], r.at - gap)  # those that arrived more than ``gap`` earlier
-            if before:
-                score = max(score, running[m][before - 1] + apart[m, r.model])
-        times[r.model].append(r.at)
-        previous = running[r.model][-1] if running[r.model] else 0
-        running[r.model].append(max(previous, score))
-        best = max(best, score)
-    return max(len(models), 1 + best)
+      first would leave ``a`` to be loaded after ``b``'s park (each taking the model's ``loadSeconds`` and
+      ``parkSeconds``), which ends after ``i`` gave up."""
+
+    requests: list[Request]  # in arrival order
+    models: list[str]
+    apart: dict[tuple[str, str], bool]  # the two models cannot be loaded side by side
+    gap: dict[tuple[str, str], float]  # a request of the first comes before one of the second arriving this much later
+
+    @classmethod
+    def of(cls, trace: Trace, queue_timeout: float, capacity: Capacity | None) -> _Precedence:
+        models = sorted({r.model for r in trace.requests})
+        specs = {name: trace.models.get(name) or ModelSpec(name) for name in models}
+        apart = {(a, b): a != b and not _side_by_side(trace, a, b, capacity) for a in models for b in models}
+        gap = {
+            (a, b): max(0.0, queue_timeout - specs[a].load_seconds - specs[b].park_seconds)
+            if apart[a, b]
+            else queue_timeout
+            for a in models
+            for b in models
+        }
+        return cls(sorted(trace.requests, key=lambda r: r.at), models, apart, gap)
+
+    def most(
+        self, states: int, start: Callable[[str], int], advance: Callable[[str, int, str], tuple[int, int]]
+    ) -> int:
+        """The most a chain can count: a chain starts at any request in state ``start(model)`` with 0, and a request
+        of ``model`` after one of ``previous`` in ``state`` takes it to ``advance(previous, state, model)``: the
+        next state and what that step counts."""
+        times: dict[str, list[float]] = {m: [] for m in self.models}
+        # per model and state, the most counted by a chain ending at one of its requests so far (-1: none)
+        running: dict[str, list[list[int]]] = {m: [[] for _ in range(states)] for m in self.models}
+        best = 0
+        for r in self.requests:
+            values = [-1] * states
+            values[start(r.model)] = 0
+            for previous in self.models:
+                before = bisect.bisect_left(times[previous], r.at - self.gap[previous, r.model])
+                if not before:
+                    continue
+                for state in range(states):
+                    value = running[previous][state][before - 1]
+                    if value >= 0:
+                        following, counted = advance(previous, state, r.model)
+                        values[following] = max(values[following], value + counted)
+            times[r.model].append(r.at)
+            for state, value in enumerate(values):
+                column = running[r.model][state]
+                column.append(max(column[-1], value) if column else value)
+            best = max(best, *values)
+        return best
 
 
 def _side_by_side(trace: Trace, a: str, b: str, capacity: Capacity | None) -> bool:

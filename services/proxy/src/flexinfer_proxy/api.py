@@ -49,7 +49,14 @@ from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.adapters.keepalive import KeptAliveExchange, StreamKeepAlive
 from flexinfer_proxy.domain import errors
-from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
+from flexinfer_proxy.domain.admission import (
+    Admission,
+    ConnectFailure,
+    Refusal,
+    admit,
+    after_connect_failure,
+    forward_now,
+)
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.multipart import ModelField, multipart_boundary, no_model
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
@@ -312,12 +319,8 @@ class ProxyHandler:
             )
         elif decision is Admission.QUEUE:
             self._wait(request, self._wait_and_forward(request, key, target, body))
-        elif decision is Admission.QUEUE_FULL:
-            raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-        elif decision is Admission.QUEUE_BYTES_FULL:
-            raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
         else:
-            raise errors.shutting_down()
+            raise self._refused(key, Refusal(decision))
 
     def _queue_state(self, request: Request, key: ModelKey, body: bytes | None) -> dict[str, Any]:
         """What admission weighs besides the route: the model's queue, the bytes all queues hold, shutdown."""
@@ -329,6 +332,15 @@ class ProxyHandler:
             "queued_bytes": self._queues.held_bytes,
             "queued_bytes_max": self._queued_bytes_max,
         }
+
+    def _refused(self, key: ModelKey, refusal: Refusal) -> ProxyError:
+        """The answer to a request refused a place in its model's queue: a new one (``admit``) or one back after
+        connecting failed (``after_connect_failure``)."""
+        if refusal is Refusal.QUEUE_FULL:
+            return errors.queue_full(str(key), self._queue_max, self._retry_after)
+        if refusal is Refusal.QUEUE_BYTES_FULL:
+            return errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+        return errors.shutting_down()
 
     # --- the fast path ---
 
@@ -530,12 +542,8 @@ class ProxyHandler:
             )
             if answer is ConnectFailure.UNAVAILABLE:
                 raise failed
-            if answer is ConnectFailure.SHUTTING_DOWN:
-                raise errors.shutting_down()
-            if answer is ConnectFailure.QUEUE_FULL:
-                raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-            if answer is ConnectFailure.QUEUE_BYTES_FULL:
-                raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+            if answer is not ConnectFailure.REQUEUE:
+                raise self._refused(key, Refusal(answer))
             if since is not None and (waited := self._monotonic() - since) >= self._queue_timeout:
                 raise errors.queue_timeout(str(key), waited)  # no fresh queue timeout for a request that waited one
             if self._routes.suspect(key, route):

@@ -49,7 +49,14 @@ from flexinfer_proxy.adapters.forwarding import Exchange, Forwarder
 from flexinfer_proxy.adapters.http_server import Request
 from flexinfer_proxy.adapters.keepalive import KeptAliveExchange, StreamKeepAlive
 from flexinfer_proxy.domain import errors
-from flexinfer_proxy.domain.admission import Admission, ConnectFailure, admit, after_connect_failure, forward_now
+from flexinfer_proxy.domain.admission import (
+    Admission,
+    ConnectFailure,
+    Refusal,
+    admit,
+    after_connect_failure,
+    forward_now,
+)
 from flexinfer_proxy.domain.errors import NeverConnected, ProxyError
 from flexinfer_proxy.domain.multipart import ModelField, multipart_boundary, no_model
 from flexinfer_proxy.domain.requests import ApiKeys, Endpoint, model_of, prefixed_target
@@ -155,7 +162,7 @@ class ProxyHandler:
                 return
             key, route, endpoint = hit
             if endpoint is not None and route.ready and not self._queues.length(key):
-                # ``_forward_or_queue``, ``_forward_now`` and ``forward_now`` inlined for the usual request.
+                # ``_forward_or_queue``'s fast path (``forward_now``) inlined for the usual request.
                 self._forwarder.exchange(
                     request, key, route, endpoint, target, body, self._forwarded, self._api_keys is not None
                 )
@@ -293,11 +300,27 @@ class ProxyHandler:
         target: bytes,
         body: bytes | None,
     ) -> None:
-        """The fast path when the model is Ready and nobody waits for it; else admission."""
+        """Forward at once when the model is Ready and nobody waits for it (the fast path: admission's first rule,
+        without weighing the queues); else admission: queue the request, or raise ProxyError for a refusal."""
         if forward_now(route, self._queues.length(key)):
-            self._forward_now(request, key, route, endpoint, target, body)
+            decision = Admission.FORWARD
         else:
-            self._serve(request, key, route, target, body)
+            decision = admit(route=route, **self._queue_state(request, key, body))
+        if decision is Admission.FORWARD:
+            self._forwarder.exchange(
+                request,
+                key,
+                route,
+                endpoint or self._endpoint(key, route),
+                target,
+                body,
+                self._forwarded,
+                strip_authorization=self._api_keys is not None,
+            )
+        elif decision is Admission.QUEUE:
+            self._wait(request, self._wait_and_forward(request, key, target, body))
+        else:
+            raise self._refused(key, Refusal(decision))
 
     def _queue_state(self, request: Request, key: ModelKey, body: bytes | None) -> dict[str, Any]:
         """What admission weighs besides the route: the model's queue, the bytes all queues hold, shutdown."""
@@ -310,41 +333,16 @@ class ProxyHandler:
             "queued_bytes_max": self._queued_bytes_max,
         }
 
-    def _serve(self, request: Request, key: ModelKey, route: Route, target: bytes, body: bytes | None) -> None:
-        """Admit a request that cannot simply be forwarded: queue it, or raise ProxyError for a refusal."""
-        decision = admit(route=route, **self._queue_state(request, key, body))
-        if decision is Admission.FORWARD:
-            self._forward_now(request, key, route, self._endpoint(key, route), target, body)
-        elif decision is Admission.QUEUE:
-            self._wait(request, self._wait_and_forward(request, key, target, body))
-        elif decision is Admission.QUEUE_FULL:
-            raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-        elif decision is Admission.QUEUE_BYTES_FULL:
-            raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
-        else:
-            raise errors.shutting_down()
+    def _refused(self, key: ModelKey, refusal: Refusal) -> ProxyError:
+        """The answer to a request refused a place in its model's queue: a new one (``admit``) or one back after
+        connecting failed (``after_connect_failure``)."""
+        if refusal is Refusal.QUEUE_FULL:
+            return errors.queue_full(str(key), self._queue_max, self._retry_after)
+        if refusal is Refusal.QUEUE_BYTES_FULL:
+            return errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+        return errors.shutting_down()
 
     # --- the fast path ---
-
-    def _forward_now(
-        self,
-        request: Request,
-        key: ModelKey,
-        route: Route,
-        endpoint: Endpoint | None,
-        target: bytes,
-        body: bytes | None,
-    ) -> None:
-        self._forwarder.exchange(
-            request,
-            key,
-            route,
-            endpoint or self._endpoint(key, route),
-            target,
-            body,
-            self._forwarded,
-            strip_authorization=self._api_keys is not None,
-        )
 
     def _forwarded(self, exchange: Exchange, error: ProxyError | None) -> None:
         """A fast-path exchange ended: count its answer, or answer its error, or queue it after a refused connect."""
@@ -357,12 +355,7 @@ class ProxyHandler:
                     tally.arm()
                 request.conn.finish(request)
         elif isinstance(error, NeverConnected):
-            self._wait(
-                request,
-                self._requeue(
-                    request, exchange.key, exchange.route, exchange.path, exchange.body, error, requeues=0, since=None
-                ),
-            )
+            self._wait(request, self._requeue(exchange, error, requeues=0, since=None))
         else:
             self._answer_error(request, exchange.key, error)
 
@@ -474,7 +467,7 @@ class ProxyHandler:
             finally:
                 self._queues.leave(key, waiter)
             if failure is not None:
-                await self._requeue(request, key, route, target, body, failure, requeues=requeues, since=since)
+                await self._requeue(*failure, requeues=requeues, since=since)
         except ProxyError as error:
             self._answer_error(request, key, error)
 
@@ -487,8 +480,9 @@ class ProxyHandler:
         body: bytes | None,
         waiter: Slot,
         waited_ms: int,
-    ) -> NeverConnected | None:
-        """Forward a request whose turn came; a NeverConnected (connecting failed) comes back for a re-queue."""
+    ) -> tuple[Exchange, NeverConnected] | None:
+        """Forward a request whose turn came; an exchange that never connected comes back, with its error, for a
+        re-queue."""
         ended: asyncio.Future[ProxyError | None] = asyncio.get_running_loop().create_future()
 
         def done(_: Exchange, error: ProxyError | None) -> None:
@@ -530,24 +524,15 @@ class ProxyHandler:
             return None
         if isinstance(error, NeverConnected):
             request.on_gone = _current_task_canceller()
-            return error
+            return exchange, error
         raise error
 
-    async def _requeue(
-        self,
-        request: Request,
-        key: ModelKey,
-        route: Route,
-        target: bytes,
-        body: bytes | None,
-        failed: NeverConnected,
-        *,
-        requeues: int,
-        since: float | None,
-    ) -> None:
-        """Connecting to the model failed, so nothing was sent: wait in its queue for the route to be Ready again
-        (``route`` counts as not Ready here for ``suspect_for``) instead of answering 502, a bounded number of times.
+    async def _requeue(self, exchange: Exchange, failed: NeverConnected, *, requeues: int, since: float | None) -> None:
+        """Connecting to the model failed, so nothing of ``exchange`` was sent: its request waits in its model's
+        queue for the route to be Ready again (the exchange's ``route`` counts as not Ready here for ``suspect_for``)
+        instead of answering 502, a bounded number of times.
         """
+        request, key, route, target, body = exchange.request, exchange.key, exchange.route, exchange.path, exchange.body
         try:
             answer = after_connect_failure(
                 never_connected=True,
@@ -557,12 +542,8 @@ class ProxyHandler:
             )
             if answer is ConnectFailure.UNAVAILABLE:
                 raise failed
-            if answer is ConnectFailure.SHUTTING_DOWN:
-                raise errors.shutting_down()
-            if answer is ConnectFailure.QUEUE_FULL:
-                raise errors.queue_full(str(key), self._queue_max, self._retry_after)
-            if answer is ConnectFailure.QUEUE_BYTES_FULL:
-                raise errors.queue_bytes_full(self._queued_bytes_max or 0, self._retry_after)
+            if answer is not ConnectFailure.REQUEUE:
+                raise self._refused(key, Refusal(answer))
             if since is not None and (waited := self._monotonic() - since) >= self._queue_timeout:
                 raise errors.queue_timeout(str(key), waited)  # no fresh queue timeout for a request that waited one
             if self._routes.suspect(key, route):

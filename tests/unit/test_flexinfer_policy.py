@@ -156,6 +156,34 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
         ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, last=12), member("b", queued=30, waited=12)),
     ),
+    "a-peer-with-a-few-requests-waits-while-the-holder-was-asked-within-the-demand-window": (
+        ("a", ElectionReason.READY),
+        group(member("a", holds=True, last=100), member("b", queued=4, waited=90)),
+    ),
+    "a-peer-with-a-few-requests-takes-a-holder-not-asked-within-the-demand-window": (
+        ("b", ElectionReason.QUIET_YIELD),
+        group(member("a", holds=True, last=121), member("b", queued=1, waited=1)),
+    ),
+    "a-crowd-of-a-peer-takes-a-quiet-holder-once-its-wait-is-worth-a-load": (
+        ("b", ElectionReason.QUIET_YIELD),
+        group(member("a", holds=True, last=12), member("b", queued=5, waited=44)),  # 220 >= 240 x (1 - 12/120)
+    ),
+    "a-crowd-of-a-peer-waits-until-then": (
+        ("a", ElectionReason.READY),
+        group(member("a", holds=True, last=12), member("b", queued=5, waited=43)),
+    ),
+    "a-request-that-waited-the-patience-takes-a-quiet-holder": (
+        ("b", ElectionReason.QUIET_YIELD),
+        group(member("a", holds=True, last=15), member("b", queued=1, waited=100)),
+    ),
+    "a-lower-priority-that-waited-the-patience-takes-a-quiet-holder-too": (
+        ("b", ElectionReason.QUIET_YIELD),
+        group(member("a", priority=50, holds=True, last=15), member("b", priority=5, queued=1, waited=100)),
+    ),
+    "the-patience-never-preempts-a-busy-holder": (
+        ("a", ElectionReason.READY),
+        group(member("a", holds=True, last=1, in_flight=1), member("b", queued=1, waited=200)),
+    ),
     "a-quiet-peer-nobody-ever-asked-for-yields-to-one-request": (
         ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, ready_for=11), member("b", queued=1, waited=11)),
@@ -237,6 +265,7 @@ def test_the_defaults_fit_the_timings_a_user_set(
     )
     assert params.quiet_period == quiet * seconds
     assert params.max_wait(member("b")) == params.yield_after == bound * seconds
+    assert params.patience == min(100, bound) * seconds
     assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)
 
 

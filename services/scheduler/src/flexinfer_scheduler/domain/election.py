@@ -42,6 +42,8 @@ _EPOCH_KEY = float("-inf")
 QUIET_PERIOD = timedelta(seconds=10)
 BOUNDED_WAIT = timedelta(minutes=4)
 YIELD_AFTER = timedelta(seconds=240)
+PATIENCE = timedelta(seconds=100)
+FEW = 4
 # The share of the queue timeout FlexInfer's waits may take by default (the rest is for the drain and the load).
 TIMEOUT_SHARE = 4 / 5
 
@@ -80,9 +82,12 @@ class ElectionParams:
     hold_min: timedelta = timedelta(seconds=10)
     hold_max: timedelta = timedelta(minutes=5)
     flexinfer_max_wait: timedelta = BOUNDED_WAIT
-    # A quiet holder yields once the waiting it would end is worth a load: the member's requests waiting x how
-    # long it has waited reaches ``yield_after`` (request-seconds), or its oldest waited ``yield_after`` alone.
+    # A quiet holder yields once the waiting it would end is worth a load (``worth_a_load``): the member's requests
+    # waiting x how long it has waited reaches ``yield_after`` (request-seconds); a peer's ``few`` requests or fewer
+    # only once the holder went cold; any member's once its oldest waited ``patience``.
     yield_after: timedelta = YIELD_AFTER
+    patience: timedelta = PATIENCE
+    few: int = FEW
     # the operator's FLEXINFER_DEFAULT_SWAP_COOLDOWN when set explicitly: FlexInfer's policy then holds as the seed
     explicit_swap_cooldown: timedelta | None = None
 
@@ -100,15 +105,17 @@ class ElectionParams:
         """FlexInfer's defaults fitted to the timings the user set, so that no default waits past them:
         - the quiet period is FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
           (a holder the seed would call idle, not asked within the window, is quiet too);
-        - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, and ``yield_after`` 240
-          request-seconds, or four fifths of the queue timeout when that is shorter: a model whose requests waited
-          that long is loaded before they time out (the last fifth is for the holder's drain and the load)."""
+        - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, ``yield_after`` 240
+          request-seconds and the patience 100 s, or four fifths of the queue timeout when that is shorter: a model
+          whose requests waited that long is loaded before they time out (the last fifth is for the holder's drain
+          and the load)."""
         share = queue_timeout * TIMEOUT_SHARE
         return replace(
             self,
             quiet_period=quiet_yield if quiet_yield is not None else min(QUIET_PERIOD, self.demand_window),
             flexinfer_max_wait=min(BOUNDED_WAIT, share),
             yield_after=min(YIELD_AFTER, share),
+            patience=min(PATIENCE, share),
         )
 
 
@@ -366,20 +373,29 @@ def hold_ends(holder: Member, snapshot: GroupSnapshot, params: ElectionParams) -
 
 
 def worth_a_load(member: Member, holder: Member, now: datetime, params: ElectionParams) -> bool:
-    """Whether the waiting a swap from the quiet ``holder`` to ``member`` would end is worth a load: the member's
-    requests waiting x how long it has waited reaches ``yield_after`` (request-seconds), scaled down the longer the
-    holder has gone without a request (to nothing once it was not asked for the demand window, or never was: it is not
-    coming back soon), or the member of priority >= the holder's waited past its bound, or it has a higher priority
-    than the holder (a guest yields at once)."""
+    """Whether the waiting a swap from the quiet ``holder`` to ``member`` would end is worth a load:
+    - a member of higher priority than the holder: at once (a guest gives the GPU back as soon as it is quiet);
+    - one of priority >= the holder's that waited past its bound (``maxWait``), or any whose oldest request waited
+      the patience (100 s): no request waits longer than that for a quiet GPU;
+    - a peer (the holder's priority) with a few requests waiting (``few``, at most 4): otherwise only once the holder
+      went cold, not asked within the demand window. Its session's next turn usually comes within the patience,
+      and a swap for a few requests is a load there and, when the holder is asked again, a load back;
+    - else once its requests waiting x how long it has waited reach ``yield_after`` (request-seconds), scaled down
+      the longer the holder has gone without a request (to nothing once it was not asked for the demand window, or
+      never was: it is not coming back soon): a crowd, or a lower priority, takes a quiet GPU in seconds.
+    """
     if member.priority > holder.priority:
-        return True  # a guest gives the GPU back as soon as it is quiet
+        return True
     bound = params.max_wait(member)
-    if bound is not None and member.priority >= holder.priority and waited(member, now) >= bound:
+    waiting = waited(member, now)
+    if (bound is not None and member.priority >= holder.priority and waiting >= bound) or waiting >= params.patience:
         return True
     last = holder.last_active_time  # a holder nobody asked for (loaded as the fallback) is not coming back
     idle = (now - last).total_seconds() if last is not None else float("inf")
     hot = max(0.0, 1.0 - idle / params.demand_window.total_seconds())
-    pressure = max(1, member.queued) * waited(member, now).total_seconds()
+    if member.priority == holder.priority and member.queued <= params.few:
+        return hot == 0.0
+    pressure = max(1, member.queued) * waiting.total_seconds()
     return pressure >= params.yield_after.total_seconds() * hot
 
 
@@ -408,8 +424,8 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
     1. an empty GPU goes to the first in line (``first_in_line``) of the members asked for (``asked_for``), else as
        the seed's stage 4 (ready > recent > fallback, never a model whose idle timeout ran out since it was asked);
     2. a quiet holder (nothing in flight or queued, no request for ``quiet_period``; at once for one nobody ever
-       asked for) yields to the first in line, whatever the priorities: it is parked as idle (no preemption, no
-       cooldown) and returns when asked again;
+       asked for) yields to the most pressing member whose wait is worth a load (``worth_a_load``), whatever the
+       priorities: it is parked as idle (no preemption, no cooldown) and returns when asked again;
     3. a busy holder keeps the GPU until its hold ends (``hold_ends``: its load paid for);
     4. then a member of higher priority with requests waiting takes it (the holder drains first);
     5. then a member of priority >= the holder's whose requests waited past its bound (``maxWait``);

@@ -156,13 +156,13 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
         ("b", ElectionReason.QUIET_YIELD),
         group(member("a", holds=True, last=12), member("b", queued=30, waited=12)),
     ),
-    "a-peer-with-a-few-requests-waits-while-the-holder-was-asked-within-the-demand-window": (
+    "a-peer-with-a-few-requests-waits-while-the-holder-was-asked-within-a-minute": (
         ("a", ElectionReason.READY),
-        group(member("a", holds=True, last=100), member("b", queued=4, waited=90)),
+        group(member("a", holds=True, last=59), member("b", queued=4, waited=90)),
     ),
-    "a-peer-with-a-few-requests-takes-a-holder-not-asked-within-the-demand-window": (
+    "a-peer-with-a-few-requests-takes-a-holder-not-asked-for-a-minute": (
         ("b", ElectionReason.QUIET_YIELD),
-        group(member("a", holds=True, last=121), member("b", queued=1, waited=1)),
+        group(member("a", holds=True, last=60), member("b", queued=1, waited=30)),
     ),
     "a-crowd-of-a-peer-takes-a-quiet-holder-once-its-wait-is-worth-a-load": (
         ("b", ElectionReason.QUIET_YIELD),
@@ -266,6 +266,7 @@ def test_the_defaults_fit_the_timings_a_user_set(
     assert params.quiet_period == quiet * seconds
     assert params.max_wait(member("b")) == params.yield_after == bound * seconds
     assert params.patience == min(100, bound) * seconds
+    assert params.session_gap == min(60, window) * seconds
     assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)
 
 

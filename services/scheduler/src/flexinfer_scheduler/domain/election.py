@@ -44,6 +44,7 @@ BOUNDED_WAIT = timedelta(minutes=4)
 YIELD_AFTER = timedelta(seconds=240)
 PATIENCE = timedelta(seconds=100)
 FEW = 4
+SESSION_GAP = timedelta(minutes=1)
 # The share of the queue timeout FlexInfer's waits may take by default (the rest is for the drain and the load).
 TIMEOUT_SHARE = 4 / 5
 
@@ -84,10 +85,12 @@ class ElectionParams:
     flexinfer_max_wait: timedelta = BOUNDED_WAIT
     # A quiet holder yields once the waiting it would end is worth a load (``worth_a_load``): the member's requests
     # waiting x how long it has waited reaches ``yield_after`` (request-seconds); a peer's ``few`` requests or fewer
-    # only once the holder went cold; any member's once its oldest waited ``patience``.
+    # only once the holder was not asked for ``session_gap`` (its session ended); any member's once its oldest
+    # waited ``patience``.
     yield_after: timedelta = YIELD_AFTER
     patience: timedelta = PATIENCE
     few: int = FEW
+    session_gap: timedelta = SESSION_GAP
     # the operator's FLEXINFER_DEFAULT_SWAP_COOLDOWN when set explicitly: FlexInfer's policy then holds as the seed
     explicit_swap_cooldown: timedelta | None = None
 
@@ -104,7 +107,8 @@ class ElectionParams:
     def fitted_to(self, queue_timeout: timedelta, quiet_yield: timedelta | None = None) -> ElectionParams:
         """FlexInfer's defaults fitted to the timings the user set, so that no default waits past them:
         - the quiet period is FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
-          (a holder the seed would call idle, not asked within the window, is quiet too);
+          (a holder the seed would call idle, not asked within the window, is quiet too); the session gap likewise
+          1 min, or the demand window when that is shorter;
         - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, ``yield_after`` 240
           request-seconds and the patience 100 s, or four fifths of the queue timeout when that is shorter: a model
           whose requests waited that long is loaded before they time out (the last fifth is for the holder's drain
@@ -116,6 +120,7 @@ class ElectionParams:
             flexinfer_max_wait=min(BOUNDED_WAIT, share),
             yield_after=min(YIELD_AFTER, share),
             patience=min(PATIENCE, share),
+            session_gap=min(SESSION_GAP, self.demand_window),
         )
 
 
@@ -378,8 +383,9 @@ def worth_a_load(member: Member, holder: Member, now: datetime, params: Election
     - one of priority >= the holder's that waited past its bound (``maxWait``), or any whose oldest request waited
       the patience (100 s): no request waits longer than that for a quiet GPU;
     - a peer (the holder's priority) with a few requests waiting (``few``, at most 4): otherwise only once the holder
-      went cold, not asked within the demand window. Its session's next turn usually comes within the patience,
-      and a swap for a few requests is a load there and, when the holder is asked again, a load back;
+      was not asked for the session gap (1 min): its session's next turn usually comes within that, and a swap for
+      a few requests is a load there and, when the holder is asked again, a load back. A user who moved from one
+      model to the other waits about a minute less the time since the holder's last request;
     - else once its requests waiting x how long it has waited reach ``yield_after`` (request-seconds), scaled down
       the longer the holder has gone without a request (to nothing once it was not asked for the demand window, or
       never was: it is not coming back soon): a crowd, or a lower priority, takes a quiet GPU in seconds.
@@ -392,9 +398,9 @@ def worth_a_load(member: Member, holder: Member, now: datetime, params: Election
         return True
     last = holder.last_active_time  # a holder nobody asked for (loaded as the fallback) is not coming back
     idle = (now - last).total_seconds() if last is not None else float("inf")
-    hot = max(0.0, 1.0 - idle / params.demand_window.total_seconds())
     if member.priority == holder.priority and member.queued <= params.few:
-        return hot == 0.0
+        return idle >= params.session_gap.total_seconds()
+    hot = max(0.0, 1.0 - idle / params.demand_window.total_seconds())
     pressure = max(1, member.queued) * waiting.total_seconds()
     return pressure >= params.yield_after.total_seconds() * hot
 

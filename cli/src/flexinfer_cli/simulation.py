@@ -716,22 +716,23 @@ def offline_lower_bound(trace: Trace, queue_timeout: float, capacity: Capacity |
     order = _Precedence.of(trace, queue_timeout, capacity)
     if not order.requests:
         return 0
-    changes = order.most(1, lambda _: 0, lambda p, state, model: (state, int(order.apart[p, model])))
-    returns = 0
-    for model in order.models:
+    changes = order.most(1, lambda _: 0, lambda previous, state, model: (state, int(order.apart[previous, model])))
+    reloads = sum(1 + _reloads(order, model) for model in order.models)
+    return max(len(order.models), 1 + changes, reloads)
 
-        def start(first: str, model: str = model) -> int:
-            return _LOADED if first == model else _NOT_YET
 
-        def advance(_: str, state: int, next_model: str, model: str = model) -> tuple[int, int]:
-            if next_model == model:
-                return _LOADED, int(state == _PUT_AWAY)
-            if order.apart[next_model, model]:
-                return (_NOT_YET if state == _NOT_YET else _PUT_AWAY), 0
-            return state, 0
+def _reloads(order: _Precedence, model: str) -> int:
+    """The most times ``model`` is answered again after a request of a model that cannot be loaded beside it, along
+    one chain of requests answered in order: each time it was loaded again."""
 
-        returns += 1 + order.most(3, start, advance)
-    return max(len(order.models), 1 + changes, returns)
+    def advance(_: str, state: int, next_model: str) -> tuple[int, int]:
+        if next_model == model:
+            return _LOADED, int(state == _PUT_AWAY)
+        if order.apart[next_model, model]:
+            return (_NOT_YET if state == _NOT_YET else _PUT_AWAY), 0
+        return state, 0
+
+    return order.most(3, lambda first: _LOADED if first == model else _NOT_YET, advance)
 
 
 # a model's state along a chain of requests (``offline_lower_bound``): not answered yet, loaded since its last

@@ -39,11 +39,11 @@ def condition(kube: KubeCluster, name: str, kind: str) -> str | None:
 async def test_a_request_for_the_parked_model_swaps_the_deployments(kube: KubeCluster, kube_system: KubeSystem) -> None:
     async with pair_on_one_gpu(kube, kube_system, shared_demand_window=1.5) as (system, recorder):
         await known(system, "a", "b")
-        # a wins the fallback election (same priority, alphabetical): its Deployment is scaled up.
-        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
-        await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
+        # peers: nothing is loaded until the first request, for a: its Deployment is scaled up.
         status, body, _ = await chat(system, "a", "hello")
         assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
+        await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a's pod Ready")
+        await kube.wait_for(lambda: condition(kube, "a", "Active") == "True", message="a Active")
 
         results = await asyncio.gather(*(chat(system, "b", f"req-{i}") for i in range(3)))
         for i, (status, body, headers) in enumerate(results):
@@ -177,6 +177,8 @@ async def test_active_services_annotation_follows_the_active_model(kube: KubeClu
 
     async with kube_system(shared_demand_window=1.0) as system:
         await known(system, "a", "b")
+        status, _, _ = await chat(system, "a", "warm up")  # peers: nothing is loaded until a first request
+        assert status == 200
         await kube.wait_for(
             lambda: (annotation("a"), annotation("b")) == ("chat,assistant", ""), message="a's labels, b empty"
         )
@@ -299,6 +301,8 @@ async def test_an_actuator_killed_between_parking_and_activating_completes_the_s
 ) -> None:
     async with pair_on_one_gpu(kube, kube_system, shared_demand_window=1.0) as (system, _):
         await known(system, "a", "b")
+        status, _, _ = await chat(system, "a", "warm up")  # peers: nothing is loaded until a first request
+        assert status == 200
         await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
         # b's Deployment cannot be scaled for now: the swap stops between "a parked" and "b activated".
         blocked = kube.inject_error(
@@ -334,6 +338,8 @@ async def test_two_actuator_replicas_one_acts_and_the_other_takes_over(
     await add_model(kube, "b", priority=10, gpu={"swapCooldown": "1s"})
     async with kube_system(shared_demand_window=1.0) as system:
         await known(system, "a", "b")
+        status, _, _ = await chat(system, "a", "warm up")  # peers: nothing is loaded until a first request
+        assert status == 200
         await kube.wait_for(lambda: kube.ready_pods("app=a"), message="a serves")
         await system.start_service("actuator-2", "actuator", instance_id="actuator-two")
         lease = lambda: (kube.get("leases", "flexinfer-actuator") or {}).get("spec", {})  # noqa: E731

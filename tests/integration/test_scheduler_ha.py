@@ -122,7 +122,7 @@ async def test_scheduler_killed_mid_swap_resumes_it_on_restart(
     async with start_system(services=("actuator", "proxy"), shared_demand_window=1) as system:
         http = system.http
         assert http is not None
-        for manifest in (fake_model("a", priority=10), fake_model("b", priority=10, startup_delay=3)):
+        for manifest in (fake_model("a", priority=20), fake_model("b", priority=10, startup_delay=3)):
             async with http.put(
                 f"{first.url}/api/v1/models/default/{manifest['metadata']['name']}", json=manifest
             ) as r:
@@ -132,7 +132,7 @@ async def test_scheduler_killed_mid_swap_resumes_it_on_restart(
             group = await group_state(http, first.url)
             return any(m["name"] == "a" and m["phase"] == "Ready" for m in group["models"])
 
-        await wait_for(a_ready)
+        await wait_for(a_ready)  # the fallback: the one model of the highest priority
         with ProcessTableWatcher(system) as watcher:
             waiting = asyncio.create_task(chat(system, "b", "after the crash"))
 

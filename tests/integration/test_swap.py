@@ -93,7 +93,7 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(start_system: S
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=10))
 
-        # a wins the fallback election (same priority, alphabetical) and serves.
+        # peers: nothing is loaded until this first request, for a, which loads it.
         status, body, _ = await chat(system, "a", "hello")
         assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
 

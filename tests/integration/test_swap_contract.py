@@ -137,7 +137,7 @@ async def test_a_request_for_the_parked_model_parks_the_active_one_then_drains_t
     system = backend.system
     await backend.add("a", priority=10)
     await backend.add("b", priority=10)
-    status, body, _ = await chat(system, "a", "hello")  # a: the fallback leader (alphabetical)
+    status, body, _ = await chat(system, "a", "hello")  # peers: this first request loads a
     assert status == 200 and body["choices"][0]["message"]["content"] == "[a] hello"
 
     with backend.recording():

@@ -54,10 +54,9 @@ async def test_demand_signal_not_being_detected(start_system: SystemStarter) -> 
         await system.put_model(fake_model("a", priority=10))
         await system.put_model(fake_model("b", priority=10, gpu={"shared": "gpu", "priority": 10, "maxWait": "60s"}))
 
-        async def a_ready() -> bool:
-            return (await members(system))["a"]["phase"] == "Ready"
-
-        await wait_for(a_ready)
+        # peers: nothing is loaded until a first request, for a
+        status, _, _ = await chat(system, "a", "warm up")
+        assert status == 200
 
         async def keep_a_busy() -> None:
             for i in range(12):  # 3 s of traffic: a is never idle meanwhile
@@ -81,11 +80,9 @@ async def test_a_busy_model_no_longer_starves_an_equal_priority_one(start_system
     async with start_system(shared_demand_window=30) as system:
         await system.put_model(fake_model("a", gpu=gpu))
         await system.put_model(fake_model("b", gpu=gpu))
-
-        async def a_ready() -> bool:
-            return (await members(system))["a"]["phase"] == "Ready"
-
-        await wait_for(a_ready)
+        # peers: nothing is loaded until a first request, for a
+        status, _, _ = await chat(system, "a", "warm up")
+        assert status == 200
         stop = asyncio.Event()
         answers: list[int] = []
 

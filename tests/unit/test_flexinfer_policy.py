@@ -94,6 +94,18 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
             member("a", priority=100, last=240, idle_timeout=timedelta(minutes=3)), member("b", priority=50, last=1800)
         ),
     ),
+    "nobody-asked-peers-at-the-top-load-nothing-until-the-first-request": (
+        (None, ElectionReason.NO_CANDIDATE),
+        group(member("a", priority=50), member("b", priority=50), member("c", priority=5)),
+    ),
+    "nobody-asked-one-favourite-among-peers-below-is-the-fallback": (
+        ("c", ElectionReason.FALLBACK),
+        group(member("a"), member("b"), member("c", priority=50)),
+    ),
+    "nobody-asked-peers-still-get-back-the-one-used-recently": (
+        ("b", ElectionReason.RECENT),
+        group(member("a"), member("b", last=200)),
+    ),
     "nobody-asked-recent-within-its-idle-timeout": (
         ("a", ElectionReason.RECENT),
         group(member("a", priority=100, last=150, idle_timeout=timedelta(minutes=3)), member("b", priority=50)),

@@ -28,6 +28,9 @@ from tests.support.waiting import wait_for
 from tests.unit.test_scheduler_loop import LoopClock, manifest
 
 A, B = ModelKey("default", "a"), ModelKey("default", "b")
+# one priority each: peers load nothing until a request comes, and these tests want a model on the GPU from the start
+# (the fallback: the highest priority; once it is deleted, the next)
+PRIORITIES = (30, 20, 10)
 pytestmark = [pytest.mark.looptime, pytest.mark.asyncio(loop_scope="function")]
 
 
@@ -98,8 +101,8 @@ async def running(*names: str) -> AsyncIterator[World]:
     settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1)
     scheduler = Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock)
     actuator = StrictActuator(bus, clock)
-    for name in names:
-        await store.put_model(manifest(name), clock.now())
+    for name, priority in zip(names, PRIORITIES, strict=False):
+        await store.put_model(manifest(name, priority=priority), clock.now())
     stop = asyncio.Event()
     tasks = [asyncio.create_task(scheduler.run(stop)), asyncio.create_task(actuator.run())]
     try:
@@ -166,9 +169,9 @@ async def test_a_model_deleted_in_kubernetes_is_parked_before_its_row_goes() -> 
     """Kubernetes mode: the deletion arrives as a spec message and takes the same path as the admin API's DELETE."""
     async with running() as w:
         inbox = SpecInbox(store=w.store, hooks=w.scheduler, clock=w.clock)
-        for name in ("a", "b"):
+        for name, priority in zip(("a", "b"), PRIORITIES, strict=False):
             origin = Origin("kubernetes", w.clock.now(), 1)
-            await w.store.put_model(manifest(name), w.clock.now(), origin)
+            await w.store.put_model(manifest(name, priority=priority), w.clock.now(), origin)
         w.scheduler.kick()
         await w.until(lambda: w.serving(A) or w.serving(B))
         active, other = (A, B) if w.serving(A) else (B, A)

@@ -154,9 +154,10 @@ ELECTION_REASONS: dict[str, str] = {
     "hysteresis": "the challenger's demand has not lasted the hysteresis window yet",
     "ready": "it is loaded and no waiting model may take the GPU from it",
     "recent": "nobody asks for the GPU: the member active most recently",
-    "fallback": "nobody asks for the GPU: the best member by priority",
+    "fallback": "nobody asks for the GPU: the one member of the highest priority",
     "minimum-run": "the holder has not run its minimum run duration yet",
-    "no-candidate": "no member may run (none asked for, or each parked idle or failed)",
+    "no-candidate": "no member runs: none asked for (peers of the highest priority wait for a request), or each "
+    "parked idle or failed",
 }
 
 

@@ -428,7 +428,8 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
 
     After the lease and forcePromotion, and with members idle past their timeout left out (as in the seed):
     1. an empty GPU goes to the first in line (``first_in_line``) of the members asked for (``asked_for``), else as
-       the seed's stage 4 (ready > recent > fallback, never a model whose idle timeout ran out since it was asked);
+       the seed's stage 4 (ready > recent > fallback, never a model whose idle timeout ran out since it was asked,
+       and the fallback only when one member has the highest priority: peers wait for the first request);
     2. a quiet holder (nothing in flight or queued, no request for ``quiet_period``; at once for one nobody ever
        asked for) yields to the most pressing member whose wait is worth a load (``worth_a_load``), whatever the
        priorities: it is parked as idle (no preemption, no cooldown) and returns when asked again;
@@ -469,18 +470,28 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
     return Election(holder.key, ElectionReason.READY, expired)
 
 
+def favourite(members: Iterable[Member]) -> Member | None:
+    """The one member of the highest priority; None when none, or when peers share it."""
+    ranked = sorted(members, key=lambda m: -m.priority)
+    if not ranked or (len(ranked) > 1 and ranked[1].priority == ranked[0].priority):
+        return None
+    return ranked[0]
+
+
 def _fallback(
     candidates: list[Member], now: datetime, params: ElectionParams, expired: tuple[ModelKey, ...]
 ) -> Election:
     """The seed's stage 4 for an unasked group: readyLeader > recentLeader > fallbackLeader, never loading a model
-    whose idle timeout ran out since it was last asked for."""
+    whose idle timeout ran out since it was last asked for, and loading a fallback only when one member has the
+    highest priority (``favourite``): among peers the pick is a coin toss whose load is lost, and a swap away, as
+    soon as the first request is for another one; the GPU waits for that request instead."""
     ready = best(m for m in candidates if m.loaded)
     unasked = [m for m in candidates if m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)]
     recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
     for leader, reason in (
         (ready, ElectionReason.READY),
         (recent, ElectionReason.RECENT),
-        (best(unasked), ElectionReason.FALLBACK),
+        (favourite(unasked), ElectionReason.FALLBACK),
     ):
         if leader is not None:
             return Election(leader.key, reason, expired)

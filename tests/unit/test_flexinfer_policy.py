@@ -17,7 +17,7 @@ from flexinfer_scheduler.domain.election import (
     cooldown_remaining,
     elect,
 )
-from flexinfer_scheduler.domain.model import GroupSnapshot, Lease, Member
+from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Lease, Member
 from tests.support.elections import Outcome, outcome, rules
 from tests.support.members import member as make_member
 
@@ -66,9 +66,9 @@ def member(
     )
 
 
-def group(*members: Member, lease: Lease | None = None) -> GroupSnapshot:
+def group(*members: Member, lease: Lease | None = None, capacity: Capacity | None = None) -> GroupSnapshot:
     holder = next((m.key for m in members if m.desired_action is ScaleAction.ACTIVATE), None)
-    return GroupSnapshot("gpu", members, active=holder, lease=lease)
+    return GroupSnapshot("gpu", members, active=holder, lease=lease, capacity=capacity)
 
 
 CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
@@ -97,6 +97,10 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
     "nobody-asked-peers-at-the-top-load-nothing-until-the-first-request": (
         (None, ElectionReason.NO_CANDIDATE),
         group(member("a", priority=50), member("b", priority=50), member("c", priority=5)),
+    ),
+    "nobody-asked-peers-on-a-card-with-a-capacity-fallback-as-the-seed-the-others-load-beside-it": (
+        ("a", ElectionReason.FALLBACK),
+        group(member("a", priority=50), member("b", priority=50), capacity=Capacity(1, 24 << 30)),
     ),
     "nobody-asked-one-favourite-among-peers-below-is-the-fallback": (
         ("c", ElectionReason.FALLBACK),

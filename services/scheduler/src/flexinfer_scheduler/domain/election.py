@@ -429,7 +429,8 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
     After the lease and forcePromotion, and with members idle past their timeout left out (as in the seed):
     1. an empty GPU goes to the first in line (``first_in_line``) of the members asked for (``asked_for``), else as
        the seed's stage 4 (ready > recent > fallback, never a model whose idle timeout ran out since it was asked,
-       and the fallback only when one member has the highest priority: peers wait for the first request);
+       and, one model at a time, the fallback only when one member has the highest priority: peers wait for the
+       first request);
     2. a quiet holder (nothing in flight or queued, no request for ``quiet_period``; at once for one nobody ever
        asked for) yields to the most pressing member whose wait is worth a load (``worth_a_load``), whatever the
        priorities: it is parked as idle (no preemption, no cooldown) and returns when asked again;
@@ -448,7 +449,7 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
         taker = first_in_line(waiting, now)
         if taker is not None:
             return Election(taker.key, ElectionReason.DEMAND, expired)
-        return _fallback(candidates, now, params, expired)
+        return _fallback(candidates, now, params, expired, side_by_side=snapshot.capacity is not None)
     # (a holder nobody ever asked for, loaded as the fallback, is quiet as soon as nothing is in flight: there is no
     # request its load must be kept for)
     never_asked = holder.last_active_time is None and not holder.in_flight and not holder.queued
@@ -479,19 +480,26 @@ def favourite(members: Iterable[Member]) -> Member | None:
 
 
 def _fallback(
-    candidates: list[Member], now: datetime, params: ElectionParams, expired: tuple[ModelKey, ...]
+    candidates: list[Member],
+    now: datetime,
+    params: ElectionParams,
+    expired: tuple[ModelKey, ...],
+    *,
+    side_by_side: bool,
 ) -> Election:
     """The seed's stage 4 for an unasked group: readyLeader > recentLeader > fallbackLeader, never loading a model
-    whose idle timeout ran out since it was last asked for, and loading a fallback only when one member has the
-    highest priority (``favourite``): among peers the pick is a coin toss whose load is lost, and a swap away, as
-    soon as the first request is for another one; the GPU waits for that request instead."""
+    whose idle timeout ran out since it was last asked for. On a card that holds one model at a time the fallback
+    is loaded only when one member has the highest priority (``favourite``): among peers the pick is a coin toss
+    whose load is lost, and a swap away, as soon as the first request is for another one; the GPU waits for that
+    request instead. (With a capacity the others load beside it, so nothing is lost.)"""
     ready = best(m for m in candidates if m.loaded)
     unasked = [m for m in candidates if m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)]
     recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
+    fallback = best(unasked) if side_by_side else favourite(unasked)
     for leader, reason in (
         (ready, ElectionReason.READY),
         (recent, ElectionReason.RECENT),
-        (favourite(unasked), ElectionReason.FALLBACK),
+        (fallback, ElectionReason.FALLBACK),
     ):
         if leader is not None:
             return Election(leader.key, reason, expired)

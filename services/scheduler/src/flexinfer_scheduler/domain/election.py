@@ -29,7 +29,7 @@ How long a member has wanted the GPU is ``Member.demand_since``, kept by the pla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -471,12 +471,12 @@ def choose_flexinfer_leader(snapshot: GroupSnapshot, now: datetime, params: Elec
     return Election(holder.key, ElectionReason.READY, expired)
 
 
-def favourite(members: Iterable[Member]) -> Member | None:
-    """The one member of the highest priority; None when none, or when peers share it."""
-    ranked = sorted(members, key=lambda m: -m.priority)
-    if not ranked or (len(ranked) > 1 and ranked[1].priority == ranked[0].priority):
+def favourite(members: Sequence[Member]) -> Member | None:
+    """``best`` of the members when it is the only one of its priority; None when none, or when peers share it."""
+    top = best(members)
+    if top is None or any(m is not top and m.priority == top.priority for m in members):
         return None
-    return ranked[0]
+    return top
 
 
 def _fallback(

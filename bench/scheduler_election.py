@@ -75,6 +75,12 @@ def card(group: str) -> GPUGroup:
     )
 
 
+def priority(i: int) -> int:
+    """Member ``i``'s priority: three levels, and member 0 of each group alone at the top, so that the first
+    election loads one model per group (peers of the highest priority would load nothing until asked)."""
+    return 3 if i == 0 else i % 3
+
+
 def pure(groups: int, *, capacity: bool) -> float:
     now = datetime.now(UTC)
     snapshots = [
@@ -83,7 +89,7 @@ def pure(groups: int, *, capacity: bool) -> float:
             members=tuple(
                 Member(
                     ModelKey("default", f"m{g}-{i}"),
-                    priority=i % 3,
+                    priority=priority(i),
                     last_active_time=now - timedelta(seconds=i * 20),
                     desired_action=ScaleAction.ACTIVATE if i == 0 else None,
                     runtime="Ready" if i == 0 else None,
@@ -120,7 +126,7 @@ async def full(groups: int, tmp: Path, *, capacity: bool) -> dict[str, float]:
         engine = create_engine(url)
         sessions = session_factory(engine)
         now = datetime.now(UTC)
-        members = [(f"m{g}-{i}", f"g{g}", i % 3) for g in range(groups) for i in range(PER_GROUP)]
+        members = [(f"m{g}-{i}", f"g{g}", priority(i)) for g in range(groups) for i in range(PER_GROUP)]
         await add_models(
             sessions, ((name, group, p, manifest(name, group, p, capacity=capacity)) for name, group, p in members)
         )

@@ -345,14 +345,7 @@ def choose_shared_group_leader(snapshot: GroupSnapshot, now: datetime, params: E
         return Election(demanded.key, ElectionReason.DEMAND, expired)
 
     # Stage 4: fallback.
-    for leader, reason in (
-        (ready, ElectionReason.READY),
-        (recent, ElectionReason.RECENT),
-        (fallback, ElectionReason.FALLBACK),
-    ):
-        if leader is not None:
-            return Election(leader.key, reason, expired)
-    return Election(None, ElectionReason.NO_CANDIDATE, expired)
+    return _stage_four(ready, recent, fallback, expired)
 
 
 def hold_ends(holder: Member, snapshot: GroupSnapshot, params: ElectionParams) -> datetime | None:
@@ -496,6 +489,13 @@ def _fallback(
     unasked = [m for m in candidates if m.loaded or not idle_timeout_expired(m, now, m.idle_timeout, loaded=False)]
     recent = best(m for m in unasked if m.last_active_time and now - m.last_active_time <= params.recent_window)
     fallback = best(unasked) if side_by_side else favourite(unasked)
+    return _stage_four(ready, recent, fallback, expired)
+
+
+def _stage_four(
+    ready: Member | None, recent: Member | None, fallback: Member | None, expired: tuple[ModelKey, ...]
+) -> Election:
+    """The seed's stage 4: readyLeader > recentLeader > fallbackLeader, else no leader (both policies)."""
     for leader, reason in (
         (ready, ElectionReason.READY),
         (recent, ElectionReason.RECENT),

@@ -41,7 +41,7 @@ def untoken(value: str) -> str:
 
 
 def demand_subject(namespace: str, model: str) -> str:
-    return f"{DEMAND_PREFIX}.{token(namespace)}.{token(model)}"
+    return model_subject(DEMAND_PREFIX, namespace, model)
 
 
 def in_flight_subject(source: str) -> str:
@@ -49,11 +49,11 @@ def in_flight_subject(source: str) -> str:
 
 
 def command_subject(namespace: str, model: str) -> str:
-    return f"{COMMAND_PREFIX}.{token(namespace)}.{token(model)}"
+    return model_subject(COMMAND_PREFIX, namespace, model)
 
 
 def runtime_status_subject(namespace: str, model: str) -> str:
-    return f"{RUNTIME_STATUS_PREFIX}.{token(namespace)}.{token(model)}"
+    return model_subject(RUNTIME_STATUS_PREFIX, namespace, model)
 
 
 def actuator_hello_subject(instance: str) -> str:
@@ -61,7 +61,7 @@ def actuator_hello_subject(instance: str) -> str:
 
 
 def model_status_subject(namespace: str, model: str) -> str:
-    return f"{MODEL_STATUS_PREFIX}.{token(namespace)}.{token(model)}"
+    return model_subject(MODEL_STATUS_PREFIX, namespace, model)
 
 
 def group_status_subject(group: str) -> str:
@@ -83,6 +83,12 @@ def event_subject(kind: str, group: str) -> str:
 
 def route_key(namespace: str, model: str) -> str:
     return f"{token(namespace)}.{token(model)}"
+
+
+def model_subject(prefix: str, namespace: str, model: str) -> str:
+    """``prefix.<ns>.<model>``: the subject of one model's messages under ``prefix`` (``split_model_subject``
+    reads it back)."""
+    return f"{prefix}.{route_key(namespace, model)}"
 
 
 def split_model_subject(subject: str, prefix: str) -> tuple[str, str] | None:

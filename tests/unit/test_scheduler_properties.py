@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from flexinfer_cli.simulation import after_command
 from flexinfer_common.enums import GroupPolicy, ModelPhase, RuntimePhase, ScaleAction, SharedState, SwapPhase
 from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain.election import (
@@ -189,16 +190,12 @@ class Sim:
             return
         self.applied[key] = generation
         process = self.processes.get(key)
-        if command.action == ScaleAction.ACTIVATE:
-            if process is None or process.phase == RuntimePhase.STOPPING:
-                process = self.processes[key] = Process(RuntimePhase.LOADING, generation)
-            process.generation = generation
-            self._report(key, process.phase, generation)
-        elif process is None:
-            self._report(key, RuntimePhase.PARKED, generation)
-        else:
-            process.phase, process.generation = RuntimePhase.STOPPING, generation
-            self._report(key, RuntimePhase.STOPPING, generation)
+        phase, fresh = after_command(process.phase if process is not None else None, command.action)
+        if fresh:
+            process = self.processes[key] = Process(RuntimePhase.LOADING, generation)
+        if process is not None:
+            process.phase, process.generation = phase, generation
+        self._report(key, phase, generation)
 
     def progress(self, key: ModelKey) -> None:
         """A loading model passes its readiness probe; a stopping one is reaped."""

@@ -44,8 +44,10 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from flexinfer_actuator.domain.commands import ActivatePlan, ParkPlan, plan_activation, plan_park
+from flexinfer_actuator.domain.processes import ProcessPhase
 from flexinfer_common.durations import parse_duration
-from flexinfer_common.enums import GroupPolicy, RuntimePhase, ScaleAction, SchedulingPolicy
+from flexinfer_common.enums import GroupPolicy, ParkStrategy, RuntimePhase, ScaleAction, SchedulingPolicy
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.quantity import parse_memory
 from flexinfer_scheduler.domain.election import ElectionParams, cooldown_remaining
@@ -320,6 +322,22 @@ class _Runtime:
     placement: tuple[int, ...] = ()  # the devices it was placed on (a group with a capacity)
 
 
+def after_command(phase: RuntimePhase | None, action: ScaleAction) -> tuple[RuntimePhase, bool]:
+    """What a model's runtime (``phase``: Loading, Ready or Stopping; None: nothing runs) reports once the actuator
+    applies ``action``, by the actuator's own rules (``plan_activation``, ``plan_park`` with ScaleToZero), and
+    whether that starts a fresh load (a runtime still stopping is gone first). The simulator's actuator, and the
+    scheduler's property test's."""
+    observed = ProcessPhase(phase.value) if phase is not None else None
+    if action is ScaleAction.ACTIVATE:
+        if plan_activation(observed, has_command=True) is ActivatePlan.START:
+            return RuntimePhase.LOADING, True
+        assert phase is not None  # Loading or Ready: it carries on under the new generation
+        return phase, False
+    if plan_park(observed, ParkStrategy.SCALE_TO_ZERO) is ParkPlan.REPORT_PARKED:
+        return RuntimePhase.PARKED, False
+    return RuntimePhase.STOPPING, False
+
+
 class Simulation:
     """One policy over one trace. ``run()`` returns the :class:`Outcome`."""
 
@@ -532,21 +550,20 @@ class Simulation:
     def _apply(self, name: str, action: ScaleAction, generation: int) -> None:
         spec = self.trace.models[name]
         runtime = self.runtimes.get(name)
-        if action is ScaleAction.ACTIVATE:
-            if runtime is None or runtime.phase is RuntimePhase.STOPPING:
-                if runtime is not None:
-                    self._kill(name, runtime)
-                runtime = self.runtimes[name] = _Runtime(RuntimePhase.LOADING, generation)
-                self.outcome.loads += 1
-                self._note_memory(name, runtime)
-                self.at(self.now + spec.load_seconds, Event.LOADED, (name, generation))
-            runtime.generation = generation
-            self._report(name, runtime.phase, generation)
-        elif runtime is None:
-            self._report(name, RuntimePhase.PARKED, generation)
-        else:
-            runtime.phase, runtime.generation = RuntimePhase.STOPPING, generation
-            self._report(name, RuntimePhase.STOPPING, generation)
+        phase, fresh = after_command(runtime.phase if runtime is not None else None, action)
+        if fresh:
+            if runtime is not None:
+                self._kill(name, runtime)
+            runtime = self.runtimes[name] = _Runtime(RuntimePhase.LOADING, generation)
+            self.outcome.loads += 1
+            self._note_memory(name, runtime)
+            self.at(self.now + spec.load_seconds, Event.LOADED, (name, generation))
+        if runtime is None:
+            self._report(name, phase, generation)
+            return
+        runtime.phase, runtime.generation = phase, generation
+        self._report(name, phase, generation)
+        if phase is RuntimePhase.STOPPING:
             self.at(self.now + spec.park_seconds, Event.PARKED, (name, generation))
 
     def _note_memory(self, name: str, runtime: _Runtime) -> None:

@@ -1,11 +1,15 @@
 """Watching the routes KV bucket (the scheduler writes one entry per managed model) into the proxy's route table.
 
 The first pass delivers every current entry, then a ``None`` marker: that snapshot replaces the table as a whole
-(models that vanished meanwhile are removed) and marks the proxy ready. Later updates apply one by one; a delete or
-purge removes the model. A malformed entry is logged and counted (``flexinfer_bad_messages_total``) and changes
-nothing. If the watch breaks, NATS reconnected (an ordered consumer may not survive a server restart), or its
-consumer vanished from the server (checked every ``check_interval`` of quiet), the watcher starts over from a fresh
-snapshot, with back-off. Meanwhile the proxy keeps serving from the table it has.
+(models that vanished meanwhile are removed) and marks the proxy ready. nats-py may hand the marker over before the
+entries (its consumer info can overtake them on the connection: 6 watches in 1,500 here), and an empty snapshot
+would drop every route and answer every waiter 404, so the snapshot counts as whole only once it holds the bucket's
+last sequence as read before the watch began (or, should that entry be gone, after a poll of quiet that followed the
+marker). Later updates apply one by one; a delete or purge removes the model. A malformed entry is logged and
+counted (``flexinfer_bad_messages_total``) and changes nothing. If the watch breaks, NATS reconnected (an ordered
+consumer may not survive a server restart), or its consumer vanished from the server (checked every
+``check_interval`` of quiet), the watcher starts over from a fresh snapshot, with back-off. Meanwhile the proxy
+keeps serving from the table it has.
 
 A watch delivers a write a moment after the writer's acknowledgement, so a request sent right after ``flexinfer
 apply`` returned can reach the proxy first. ``caught_up`` closes that gap for a request naming a model the table
@@ -123,9 +127,12 @@ class RouteWatcher:
     async def _watch(self) -> None:
         reconnects = self._reconnects()
         kv = await self._bus.routes()
+        whole_at = await self._last_sequence(kv)  # the snapshot is whole once it holds this (module docstring)
         watcher: Any = await kv.watchall()
         self.watching = True
         snapshot: dict[str, Route] | None = {}
+        newest = 0  # the newest sequence the snapshot holds
+        marked = False  # nats-py said the snapshot ended
         keys: dict[str, ModelKey] = {}
         loop = asyncio.get_running_loop()
         next_check = loop.time() + self._check_interval
@@ -134,6 +141,13 @@ class RouteWatcher:
                 try:
                     entry: Any = await watcher.updates(timeout=self._poll)
                 except nats.errors.TimeoutError:
+                    if snapshot is not None and marked:
+                        log.warning(
+                            "the routes snapshot ended short of the bucket's last sequence; using it",
+                            extra={"holds": newest, "last_sequence": whole_at},
+                        )
+                        keys, snapshot = self._replace(snapshot), None
+                        continue
                     # Quiet bucket. nats-py reconnects by itself; once it did, start over from a fresh snapshot.
                     if self._reconnects() != reconnects:
                         raise _Restart("NATS reconnected") from None
@@ -142,23 +156,34 @@ class RouteWatcher:
                         next_check = loop.time() + self._check_interval
                     continue
                 if entry is None:
-                    if snapshot is not None:
-                        self._sink.replace_routes(list(snapshot.values()))
-                        keys = {k: ModelKey(r.namespace, r.name) for k, r in snapshot.items()}
-                        snapshot = None
-                        self._synced = True
-                        self.loaded.set()
-                        self._advance(self.revision)
-                        log.info("routes loaded", extra={"models": len(keys)})
-                    continue
-                self._apply(entry, snapshot, keys)
-                if snapshot is None:  # (a snapshot's entries count once it replaced the table)
+                    marked = True
+                elif snapshot is None:  # (a snapshot's entries count once it replaced the table)
+                    self._apply(entry, snapshot, keys)
                     self._advance(entry.revision)
+                    continue
                 else:
-                    self.revision = max(self.revision, int(entry.revision or 0))
+                    self._apply(entry, snapshot, keys)
+                    newest = max(newest, int(entry.revision or 0))
+                    self.revision = max(self.revision, newest)
+                if snapshot is not None and marked and newest >= whole_at:
+                    keys, snapshot = self._replace(snapshot), None
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
+
+    @staticmethod
+    async def _last_sequence(kv: Any) -> int:
+        """The bucket's last sequence (0: it never held an entry)."""
+        return int((await kv.status()).stream_info.state.last_seq or 0)
+
+    def _replace(self, snapshot: dict[str, Route]) -> dict[str, ModelKey]:
+        """The whole snapshot replaces the table, and the proxy is ready; returns the key of each route entry."""
+        self._sink.replace_routes(list(snapshot.values()))
+        self._synced = True
+        self.loaded.set()
+        self._advance(self.revision)
+        log.info("routes loaded", extra={"models": len(snapshot)})
+        return {k: ModelKey(r.namespace, r.name) for k, r in snapshot.items()}
 
     def _advance(self, revision: int | None) -> None:
         self.revision = max(self.revision, int(revision or 0))
@@ -175,8 +200,7 @@ class RouteWatcher:
     async def _catch_up(self, within: float) -> bool:
         try:
             async with asyncio.timeout(within):
-                status = await (await self._bus.routes()).status()
-                last = int(status.stream_info.state.last_seq or 0)
+                last = await self._last_sequence(await self._bus.routes())
                 while not (self.loaded.is_set() and self.revision >= last):
                     await self._advanced.wait()
                 return True

@@ -26,6 +26,7 @@ from flexinfer_common.keys import ModelKey
 from flexinfer_common.logs import get_logger
 from flexinfer_common.messages import ActuatorHello, RuntimeStatus, ScaleCommand, message_id
 from flexinfer_common.ports import Publisher
+from flexinfer_common.tasks import Background
 
 log = get_logger("flexinfer.actuator")
 
@@ -37,17 +38,35 @@ _PUBLISH_RETRY_DELAY = 0.5
 
 class StatusPublisher:
     """Turns a back-end's observations into ``RuntimeStatus`` messages and remembers the last one per model, so a
-    repeated command can be answered with the current status. ``report`` never raises: a status that cannot be
-    published is logged (the scheduler re-issues its command, which re-reports)."""
+    repeated command can be answered with the current status. ``report`` never raises. A status the bus did not
+    take (it was down, or every attempt failed) is kept, the newest per model, and sent again with a fresh time
+    every ``resend_interval`` until the bus takes it or a newer status replaces it (``start`` runs that): the
+    scheduler re-issues a command only while no status answers it, so a Ready lost after the Loading that answered
+    its activate left the model Loading there until its load timed out, its requests waiting (a NATS restart in
+    the chaos suite: 51-101 x 504)."""
 
-    def __init__(self, *, bus: Publisher, actuator: str, clock: Clock) -> None:
+    def __init__(self, *, bus: Publisher, actuator: str, clock: Clock, resend_interval: float = 0.5) -> None:
         self._bus = bus
         self._actuator = actuator
         self._clock = clock
         self._last: dict[ModelKey, RuntimeStatus] = {}
+        self._unsent: dict[ModelKey, RuntimeStatus] = {}  # the newest status per model the bus did not take
+        self._resend_interval = resend_interval
+        self._resender = Background("status-resend", self._resend_unsent)
 
     def last(self, namespace: str, model: str) -> RuntimeStatus | None:
         return self._last.get(ModelKey(namespace, model))
+
+    @property
+    def unsent(self) -> int:
+        """How many models' newest status waits to be sent again."""
+        return len(self._unsent)
+
+    def start(self) -> None:
+        self._resender.start()
+
+    async def stop(self) -> None:
+        await self._resender.stop()
 
     async def report(self, observation: Observation) -> None:
         status = RuntimeStatus(
@@ -63,17 +82,33 @@ class StatusPublisher:
             actuator=self._actuator,
         )
         self._last[ModelKey(status.namespace, status.model)] = status
-        await self._publish(status)
+        await self._send(status, status)
 
     async def rereport(self, namespace: str, model: str) -> bool:
         """Publish the model's last status again (fresh time); False when none was reported yet."""
         last = self._last.get(ModelKey(namespace, model))
         if last is None:
             return False
-        await self._publish(last.model_copy(update={"time": self._clock.now()}))
+        await self._send(last, last.model_copy(update={"time": self._clock.now()}))
         return True
 
-    async def _publish(self, status: RuntimeStatus) -> None:
+    async def _resend_unsent(self) -> None:
+        while True:
+            await asyncio.sleep(self._resend_interval)
+            for status in list(self._unsent.values()):
+                await self._send(status, status.model_copy(update={"time": self._clock.now()}))
+
+    async def _send(self, status: RuntimeStatus, message: RuntimeStatus) -> None:
+        """Publish ``message`` (``status``, or it again with a fresh time); keep ``status`` to send again when the
+        bus does not take it and it is still the model's newest, forget it once it does."""
+        key = ModelKey(status.namespace, status.model)
+        if await self._publish(message):
+            if self._unsent.get(key) is status or self._last.get(key) is status:
+                self._unsent.pop(key, None)  # (what was kept is this status, or older than it)
+        elif self._last.get(key) is status:
+            self._unsent[key] = status
+
+    async def _publish(self, status: RuntimeStatus) -> bool:
         subject = subjects.runtime_status_subject(status.namespace, status.model)
         # Unique per report (a re-report must not be de-duplicated away), stable across this call's retries.
         msg_id = message_id(self._actuator)
@@ -93,15 +128,15 @@ class StatusPublisher:
             ):
                 with attempt:
                     if not getattr(self._bus, "connected", True):
-                        # No waiting on a dead bus (it would stall shutdown); the scheduler re-issues an
-                        # unanswered command, and the repeat is answered with the current status.
-                        log.warning("bus down: runtime status not published", extra=fields)
-                        return
+                        # No waiting on a dead bus (it would stall shutdown): kept, and sent once the bus is back.
+                        log.warning("bus down: runtime status kept until it is back", extra=fields)
+                        return False
                     await self._bus.publish(subject, status, msg_id=msg_id)
         except Exception as exc:
-            log.error("could not publish runtime status", extra={**fields, "error": repr(exc)})
-            return
+            log.error("could not publish runtime status; kept to send again", extra={**fields, "error": repr(exc)})
+            return False
         log.info("runtime status", extra={**fields, "detail": status.message or None})
+        return True
 
 
 def _publish_failed(exc: Exception) -> bool:

@@ -42,13 +42,15 @@ async def serve(settings: ActuatorSettings, stop: asyncio.Event) -> None:
     clock = SystemClock()
     kube = connect_kubernetes(settings, instance) if settings.actuator is ActuatorKind.KUBERNETES else None
     bus = await connect_bus(settings, f"flexinfer-actuator:{instance}")
+    statuses = StatusPublisher(bus=bus, actuator=instance, clock=clock)
+    statuses.start()
     try:
-        statuses = StatusPublisher(bus=bus, actuator=instance, clock=clock)
         if kube is not None:
             await _serve_kubernetes(settings, stop, bus=bus, kube=kube, statuses=statuses, instance=instance)
         else:
             await _serve_local(settings, stop, bus=bus, statuses=statuses, instance=instance)
     finally:
+        await statuses.stop()
         if kube is not None:
             await kube.close()
         with contextlib.suppress(Exception):

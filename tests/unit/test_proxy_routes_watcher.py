@@ -3,8 +3,8 @@
 nats-py's KV watch puts its end-of-snapshot marker first when the consumer's info overtakes the entries on the
 connection (6 watches in 1,500 against a real nats-server here). Taken at its word, that marker replaced the table
 with nothing: every route gone, every waiting request answered 404 `model_removed`, new ones 404 until the entries
-arrived a moment later (the likely cause of a chaos run's 18 x 404 after a NATS restart). The watch is faked so that each
-order is certain; the real watch runs in the proxy's integration tests.
+arrived a moment later (the likely cause of a chaos run's 18 x 404 after a NATS restart). The watch is faked so
+that each order is certain; the real watch runs in the proxy's integration tests.
 """
 
 from __future__ import annotations

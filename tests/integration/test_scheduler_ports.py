@@ -220,6 +220,27 @@ async def test_store_gpugroup_lists_its_members_with_their_priorities(store: Any
     assert "solo.ml.c" in await s.group_names()
 
 
+async def test_a_pass_read_before_its_group_was_deleted_does_not_write_the_group_back(store: Any) -> None:
+    """A GPUGroup deleted through the API while a pass ran: the pass's write must not bring the group back as an
+    empty group (its view stayed in `GET /api/v1/groups` for good; a CI run waited 20 s for its 404)."""
+    s = await seeded(store)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
+    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
+    world, _ = await s.load_world(NOW, WINDOW)
+    plans = [
+        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass would write v1's new holder
+    assert await store.delete_group("v1")  # c was never started: it moves to a group of its own at once
+    await s.apply_plans(world, plans, NOW)
+    assert "v1" not in await s.group_names()
+    again, _ = await s.load_world(NOW, WINDOW)
+    assert again.group("v1") is None
+    gpu = again.group("gpu")
+    assert gpu is not None  # the other groups' writes went through
+
+
 def gpugroup(name: str, *members: tuple[str, str]) -> GPUGroup:
     return GPUGroup.model_validate(
         {

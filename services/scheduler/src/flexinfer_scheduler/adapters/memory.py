@@ -157,6 +157,8 @@ class MemoryStore:
     async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
         for plan in plans:
             group = self.groups.get(plan.group)
+            if group is None and not any(row.group_name == plan.group for row in self.models.values()):
+                continue  # deleted while the pass ran: not written back (as the SQL store)
             if group is None:
                 group = self.groups[plan.group] = GroupRow(name=plan.group, policy=GroupPolicy.V1ALPHA2.value)
                 group.manifest = group.namespace = group.source_observed_at = None

@@ -162,8 +162,12 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
     if groups:
         table = cast(Table, GroupRow.__table__)
         updates = ", ".join(f"{c} = excluded.{c}" for c in GROUP_WRITE if c != "name")
+        # A group deleted while the pass ran (a GPUGroup deleted through the API) is not written back: only a group
+        # that still has its row, or members, is (the pass read the world before the deletion).
         parts.append(
             f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', GROUP_WRITE)} "
+            "WHERE EXISTS (SELECT 1 FROM groups AS present WHERE present.name = v.name) "
+            "OR EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = v.name) "
             f"ON CONFLICT (name) DO UPDATE SET {updates})"
         )
     if swaps:

@@ -92,9 +92,14 @@ class StatusPublisher:
         await self._send(last, last.model_copy(update={"time": self._clock.now()}))
         return True
 
+    def _bus_up(self) -> bool:
+        return bool(getattr(self._bus, "connected", True))
+
     async def _resend_unsent(self) -> None:
         while True:
             await asyncio.sleep(self._resend_interval)
+            if not self._bus_up():
+                continue  # (tried once it is back, not logged as "bus down" every interval meanwhile)
             for status in list(self._unsent.values()):
                 await self._send(status, status.model_copy(update={"time": self._clock.now()}))
 
@@ -127,7 +132,7 @@ class StatusPublisher:
                 wait_jitter=0.1,
             ):
                 with attempt:
-                    if not getattr(self._bus, "connected", True):
+                    if not self._bus_up():
                         # No waiting on a dead bus (it would stall shutdown): kept, and sent once the bus is back.
                         log.warning("bus down: runtime status kept until it is back", extra=fields)
                         return False

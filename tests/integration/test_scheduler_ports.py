@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=2)
-A, B, C = ModelKey("default", "a"), ModelKey("default", "b"), ModelKey("ml", "c")
+A, B, C, D = ModelKey("default", "a"), ModelKey("default", "b"), ModelKey("ml", "c"), ModelKey("ml", "d")
 
 
 def model(name: str, namespace: str = "default", **gpu: Any) -> Model:
@@ -239,6 +239,32 @@ async def test_a_pass_read_before_its_group_was_deleted_does_not_write_the_group
     assert again.group("v1") is None
     gpu = again.group("gpu")
     assert gpu is not None  # the other groups' writes went through
+
+
+async def test_a_pass_read_before_a_model_moved_neither_writes_nor_commands_it_in_its_new_group(store: Any) -> None:
+    """A parked model moved into a group whose GPU is held (its Model changed through the API) while a pass of its
+    old group elected it: the stale pass must not activate it there (two models on one card). The store writes
+    nothing of it, says so, and writes the rest of the pass."""
+    s = await seeded(store)
+    await load(store, A, NOW)  # a holds gpu's card
+    at = NOW + timedelta(seconds=1)
+    await store.put_model(model("d", "ml"), at)  # a new model: its own group's next pass loads it
+    world, _ = await s.load_world(at, WINDOW)
+    plans = [
+        plan_group(g, at, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+    assert any(p.group == "solo.ml.d" and any(c.key == D for c in p.commands) for p in plans)  # the pass starts d
+    await store.put_model(model("d", "ml", shared="gpu"), at)  # d was never started: it joins gpu at once
+    assert await s.apply_plans(world, plans, at) == {D}
+    rows = {(r.namespace, r.name): r for r in await store_models(store)}
+    d = rows[("ml", "d")]
+    assert d.group_name == "gpu" and d.desired_action is None and d.command_generation == 0
+    assert rows[("default", "a")].desired_action == ScaleAction.ACTIVATE.value
+    assert "solo.ml.d" not in await s.group_names()  # nor is the group it left written back
+    again, _ = await s.load_world(at, WINDOW)
+    gpu = again.group("gpu")
+    assert gpu is not None and [m.key for m in gpu.members if m.loaded] == [A]  # a still alone on the card
 
 
 def gpugroup(name: str, *members: tuple[str, str]) -> GPUGroup:

@@ -371,11 +371,11 @@ class FailingWriteStore(MemoryStore):
 
     failing = True
 
-    async def apply_plans(self, world: World, plans: Any, now: datetime) -> None:
+    async def apply_plans(self, world: World, plans: Any, now: datetime) -> set[ModelKey]:
         await asyncio.sleep(0.01)  # the routes go out meanwhile
         if self.failing:
             raise ConnectionError("database went away")
-        await super().apply_plans(world, plans, now)
+        return await super().apply_plans(world, plans, now)
 
 
 async def test_no_command_or_status_goes_out_for_a_plan_that_was_not_stored() -> None:
@@ -395,6 +395,27 @@ async def test_no_command_or_status_goes_out_for_a_plan_that_was_not_stored() ->
         ("m01", ScaleAction.ACTIVATE, 1),
     ]
     assert len(bus.messages(subjects.MODEL_STATUS_PREFIX)) == 2
+
+
+class MovingStore(MemoryStore):
+    """A store in which m01, never started, is moved into g00 (its Model changed through the API) while a pass
+    writes."""
+
+    async def apply_plans(self, world: World, plans: Any, now: datetime) -> set[ModelKey]:
+        await self.put_model(manifest("m01", shared="g00"), now)
+        return await super().apply_plans(world, plans, now)
+
+
+async def test_no_command_goes_out_for_a_model_that_left_its_group_during_the_pass() -> None:
+    """A pass read m01 in its own group and started it; m01 moved meanwhile into g00, whose m00 the same pass
+    started: activating m01 too would put two models on g00's card. Only m00 is commanded; m01 waits for g00."""
+    store, clock = MovingStore(), LoopClock()
+    scheduler, bus = await many_groups(store, clock, 2)
+    await scheduler.election_pass()
+    commands = [m for m in bus.messages(subjects.COMMAND_PREFIX) if isinstance(m, ScaleCommand)]
+    assert [(c.model, c.action) for c in commands] == [("m00", ScaleAction.ACTIVATE)]
+    assert [m.model for m in bus.messages(subjects.MODEL_STATUS_PREFIX)] == ["m00"]
+    assert store.models[ModelKey("default", "m01")].desired_action is None
 
 
 async def test_a_stored_manifest_that_no_longer_parses_stops_only_its_own_command(

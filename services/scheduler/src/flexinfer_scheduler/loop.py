@@ -349,17 +349,21 @@ class Scheduler:
         ready = [r for r in routes if r[2].ready]
         try:
             await self.publisher.put_routes([r for r in routes if not r[2].ready])
-            await write  # a failed write raises here: no command nor status goes out for a plan not stored
+            unwritten = await write  # a failed write raises here: no command nor status goes out for a plan not stored
         except BaseException:
             if not write.cancel() and not write.cancelled():
                 write.exception()  # (retrieved: its failure is not what is raised)
             raise
-        await self.publisher.put_routes(ready)
+        if unwritten:  # moved to another group (or deleted) while the pass ran: that group's pass commands them
+            log.info(
+                "models left their group during the pass: not commanded", extra={"models": sorted(map(str, unwritten))}
+            )
+        await self.publisher.put_routes([r for r in ready if r[0] not in unwritten])
         for group, plan in zip(world.groups, plans, strict=True):
             self._group_gauges.show(plan.group, group_view(group, plan))
         if groups is None:
             self._group_gauges.retain(plan.group for plan in plans)
-        await self.publisher.publish(plans, world, now)
+        await self.publisher.publish(plans, world, now, unwritten)
         await self._finish_deletions(world, plans)
         await self._finish_moves(world, plans)
         if groups is None:

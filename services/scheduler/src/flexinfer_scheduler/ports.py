@@ -216,8 +216,10 @@ class SchedulerStore(Protocol):
         """Every group (or only ``groups_only``), and whether leases could be read (else: none, fail open)."""
         ...
 
-    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
-        """Write what the plans changed, and only that, in one transaction."""
+    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> set[ModelKey]:
+        """Write what the plans changed, and only that, in one transaction. A model is written only while it is
+        in the group its plan is for: returns the models that left it (moved or deleted) after ``world`` was read,
+        whose changes were not written (nothing is published for them)."""
         ...
 
     async def record_demand(self, report: DemandReport) -> str | None:

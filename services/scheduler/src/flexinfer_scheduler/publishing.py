@@ -4,6 +4,7 @@ routes (the proxies route by them), scale commands, model and group statuses, sw
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
@@ -90,13 +91,24 @@ class PassPublisher:
         if not all(written):
             log.warning("some routes not written; retrying next pass", extra={"failed": written.count(False)})
 
-    async def publish(self, plans: list[GroupPlan], world: World, now: datetime) -> None:
+    async def publish(
+        self, plans: list[GroupPlan], world: World, now: datetime, unwritten: AbstractSet[ModelKey] = frozenset()
+    ) -> None:
         """What the stored plans say to publish after their routes: commands, then what only observers read
-        (statuses, the groups' status, swap events), what changed only, together (JetStream acks pipelined)."""
-        commands = [c for plan in plans for command in plan.commands if (c := self._command(command, plan, world, now))]
+        (statuses, the groups' status, swap events), what changed only, together (JetStream acks pipelined).
+        Nothing goes out for the ``unwritten`` models (the store did not write their changes: they left the group)."""
+        commands = [
+            c
+            for plan in plans
+            for command in plan.commands
+            if command.key not in unwritten and (c := self._command(command, plan, world, now))
+        ]
         made: dict[tuple[Any, ...], ModelStatus] = {}
         statuses = [
-            u for plan in plans for k, v in plan.statuses.items() if (u := self._status(plan.members[k], v, now, made))
+            u
+            for plan in plans
+            for k, v in plan.statuses.items()
+            if k not in unwritten and (u := self._status(plan.members[k], v, now, made))
         ]
         groups = [g for plan in plans if (g := self._group_status(plan, now))]
         events = [e for plan in plans for e in self._swap_events(plan, now)]

@@ -154,11 +154,15 @@ class MemoryStore:
             snapshots = [dataclasses.replace(s, lease=None) for s in snapshots]
         return World(snapshots, statuses, self._runtime), self.lease_error is None
 
-    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
+    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> set[ModelKey]:
+        stale: set[ModelKey] = set()
         for plan in plans:
+            changes = changes_of(plan, world)
+            # as the SQL store: a model that left the plan's group since the world was read is not written
+            stale.update(k for k in changes if (row := self.models.get(k)) is None or row.group_name != plan.group)
             group = self.groups.get(plan.group)
             if group is None and not any(row.group_name == plan.group for row in self.models.values()):
-                continue  # deleted while the pass ran: not written back (as the SQL store)
+                continue  # deleted while the pass ran: not written back, nor its swaps (as the SQL store)
             if group is None:
                 group = self.groups[plan.group] = GroupRow(name=plan.group, policy=GroupPolicy.V1ALPHA2.value)
                 group.manifest = group.namespace = group.source_observed_at = None
@@ -167,9 +171,9 @@ class MemoryStore:
             group.active_name = plan.active.name if plan.active else None
             group.leader_since = plan.leader_since
             group.current_swap_id = plan.swap_id
-            for key, changed in changes_of(plan, world).items():
-                row = self.models.get(key)
-                if row is not None:
+            for key, changed in changes.items():
+                if key not in stale:
+                    row = self.models[key]
                     for name, value in changed.items():
                         setattr(row, name, value)
                     row.updated_at = now
@@ -190,6 +194,7 @@ class MemoryStore:
                     finished_at=update.finished_at,
                     message=update.message,
                 )
+        return stale
 
     async def group_names(self) -> list[str]:
         return sorted({r.group_name for r in self.models.values() if r.group_name} | set(self.groups))

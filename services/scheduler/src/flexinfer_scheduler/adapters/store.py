@@ -151,6 +151,13 @@ def _arrays(table: Table, prefix: str, columns: Sequence[str], names: Sequence[s
     return f"unnest({', '.join(arrays)}) AS v({', '.join(names or columns)})"
 
 
+# A group a pass may write: it still has its row, or members.
+_GROUP_PRESENT = (
+    "(EXISTS (SELECT 1 FROM groups AS present WHERE present.name = {name}) "
+    "OR EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = {name}))"
+)
+
+
 @functools.lru_cache(maxsize=256)
 def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], ...]) -> TextClause:
     """A pass's writes as one statement (data-modifying CTEs, so atomic without BEGIN and COMMIT round trips):
@@ -166,27 +173,32 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
         # that still has its row, or members, is (the pass read the world before the deletion).
         parts.append(
             f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', GROUP_WRITE)} "
-            "WHERE EXISTS (SELECT 1 FROM groups AS present WHERE present.name = v.name) "
-            "OR EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = v.name) "
-            f"ON CONFLICT (name) DO UPDATE SET {updates})"
+            f"WHERE {_GROUP_PRESENT.format(name='v.name')} ON CONFLICT (name) DO UPDATE SET {updates})"
         )
     if swaps:
         table = cast(Table, SwapRow.__table__)
         selected = ", ".join("CAST(v.phases AS JSONB)" if c == "phases" else f"v.{c}" for c in SWAP_WRITE)
         updates = ", ".join(f"{c} = excluded.{c}" for c in SWAP_WRITE if c != "id")
-        parts.append(
+        parts.append(  # (nor are its swaps)
             f"s AS (INSERT INTO swaps ({', '.join(SWAP_WRITE)}) SELECT {selected} FROM "
-            f"{_arrays(table, 's_', SWAP_WRITE)} ON CONFLICT (id) DO UPDATE SET {updates})"
+            f"{_arrays(table, 's_', SWAP_WRITE)} WHERE {_GROUP_PRESENT.format(name='v.group_name')} "
+            f"ON CONFLICT (id) DO UPDATE SET {updates})"
         )
+    # A model is written only while it is in the group the pass elected it for: moved to another group (or deleted)
+    # since the world was read, a stale pass must not command it there (two models on one card); what was written
+    # is returned, so that nothing is published for the rest.
     table = cast(Table, ModelRow.__table__)
+    written = []
     for index, shape in enumerate(shapes):
-        keys = ("namespace", "name")
-        arrays = _arrays(table, f"m{index}_", (*keys, *shape), names=("b_namespace", "b_name", *shape))
+        keys = ("namespace", "name", "group_name")
+        arrays = _arrays(table, f"m{index}_", (*keys, *shape), names=("b_namespace", "b_name", "b_group", *shape))
         parts.append(
             f"m{index} AS (UPDATE models AS m SET {', '.join(f'{c} = v.{c}' for c in shape)} FROM {arrays} "
-            "WHERE m.namespace = v.b_namespace AND m.name = v.b_name)"
+            "WHERE m.namespace = v.b_namespace AND m.name = v.b_name AND m.group_name = v.b_group "
+            "RETURNING m.namespace, m.name)"
         )
-    return text(f"WITH {', '.join(parts)} SELECT 1")
+        written.append(f"SELECT namespace, name FROM m{index}")
+    return text(f"WITH {', '.join(parts)} {' UNION ALL '.join(written) or 'SELECT NULL, NULL WHERE false'}")
 
 
 @functools.cache
@@ -454,8 +466,10 @@ class Store(ManifestStore):
         }
 
     # ---- applying a plan ---------------------------------------------------------------------------------
-    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> None:
-        """Write what the plans changed, and only that, in one statement (a quiet system writes nothing)."""
+    async def apply_plans(self, world: World, plans: Sequence[GroupPlan], now: datetime) -> set[ModelKey]:
+        """Write what the plans changed, and only that, in one statement (a quiet system writes nothing). Returns
+        the models whose changes were not written: they left the plan's group (moved or deleted) after ``world``
+        was read."""
         group_values: list[dict[str, Any]] = []
         model_values: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         swap_values: list[dict[str, Any]] = []
@@ -478,7 +492,7 @@ class Store(ManifestStore):
                     }
                 )
             for key, changed in changes_of(plan, world).items():
-                changed.update(updated_at=now, b_namespace=key.namespace, b_name=key.name)
+                changed.update(updated_at=now, b_namespace=key.namespace, b_name=key.name, b_group=plan.group)
                 model_values.setdefault(tuple(sorted(changed)), []).append(changed)
             for u in plan.swap_updates:
                 sw = u.swap
@@ -500,7 +514,7 @@ class Store(ManifestStore):
                     }
                 )
         if not (group_values or model_values or swap_values):
-            return
+            return set()
         params: dict[str, list[Any]] = {}
         if group_values:
             params.update((f"g_{c}", [v[c] for v in group_values]) for c in GROUP_WRITE)
@@ -514,10 +528,15 @@ class Store(ManifestStore):
             shapes.append(shape)
             params[f"m{index}_namespace"] = [r["b_namespace"] for r in rows]
             params[f"m{index}_name"] = [r["b_name"] for r in rows]
+            params[f"m{index}_group_name"] = [r["b_group"] for r in rows]
             params.update((f"m{index}_{c}", [r[c] for r in rows]) for c in shape)
         async with autocommit(self.sessions) as session:  # one statement
-            await session.execute(_apply_statement(bool(group_values), bool(swap_values), tuple(shapes)), params)
+            result = await session.execute(
+                _apply_statement(bool(group_values), bool(swap_values), tuple(shapes)), params
+            )
+            written = {ModelKey(namespace, name) for namespace, name in result.all()}
         self._known_groups.update(v["name"] for v in group_values)
+        return {ModelKey(r["b_namespace"], r["b_name"]) for rows in model_values.values() for r in rows} - written
 
     # ---- bus inputs --------------------------------------------------------------------------------------
     async def record_demand(self, report: DemandReport) -> str | None:

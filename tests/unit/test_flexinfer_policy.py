@@ -188,9 +188,17 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
         ("a", ElectionReason.READY),
         group(member("a", holds=True, last=12), member("b", queued=5, waited=43)),
     ),
-    "a-request-that-waited-the-patience-takes-a-quiet-holder": (
+    "a-request-of-a-peer-that-waited-the-peer-patience-takes-a-quiet-holder": (
         ("b", ElectionReason.QUIET_YIELD),
-        group(member("a", holds=True, last=15), member("b", queued=1, waited=100)),
+        group(member("a", holds=True, last=15), member("b", queued=1, waited=150)),
+    ),
+    "a-peer-waits-out-a-holder-in-mid-session-past-the-patience-until-then": (
+        ("a", ElectionReason.READY),
+        group(member("a", holds=True, last=15), member("b", queued=1, waited=149)),
+    ),
+    "a-crowd-of-a-peer-past-the-patience-still-takes-a-quiet-holder-by-its-weight": (
+        ("b", ElectionReason.QUIET_YIELD),
+        group(member("a", holds=True, last=15), member("b", queued=5, waited=100)),
     ),
     "a-lower-priority-that-waited-the-patience-takes-a-quiet-holder-too": (
         ("b", ElectionReason.QUIET_YIELD),
@@ -282,6 +290,7 @@ def test_the_defaults_fit_the_timings_a_user_set(
     assert params.quiet_period == quiet * seconds
     assert params.max_wait(member("b")) == params.yield_after == bound * seconds
     assert params.patience == min(100, bound) * seconds
+    assert params.peer_patience == min(150, bound) * seconds
     assert params.session_gap == min(60, window) * seconds
     assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)
 

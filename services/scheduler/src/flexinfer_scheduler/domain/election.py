@@ -43,6 +43,7 @@ QUIET_PERIOD = timedelta(seconds=10)
 BOUNDED_WAIT = timedelta(minutes=4)
 YIELD_AFTER = timedelta(seconds=240)
 PATIENCE = timedelta(seconds=100)
+PEER_PATIENCE = timedelta(seconds=150)
 FEW = 4
 SESSION_GAP = timedelta(minutes=1)
 # The share of the queue timeout FlexInfer's waits may take by default (the rest is for the drain and the load).
@@ -86,9 +87,10 @@ class ElectionParams:
     # A quiet holder yields once the waiting it would end is worth a load (``worth_a_load``): the member's requests
     # waiting x how long it has waited reaches ``yield_after`` (request-seconds); a peer's ``few`` requests or fewer
     # only once the holder was not asked for ``session_gap`` (its session ended); any member's once its oldest
-    # waited ``patience``.
+    # waited ``patience``, a peer's (the holder's priority) ``peer_patience``.
     yield_after: timedelta = YIELD_AFTER
     patience: timedelta = PATIENCE
+    peer_patience: timedelta = PEER_PATIENCE
     few: int = FEW
     session_gap: timedelta = SESSION_GAP
     # the operator's FLEXINFER_DEFAULT_SWAP_COOLDOWN when set explicitly: FlexInfer's policy then holds as the seed
@@ -110,7 +112,8 @@ class ElectionParams:
           (a holder the seed would call idle, not asked within the window, is quiet too); the session gap likewise
           1 min, or the demand window when that is shorter;
         - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, ``yield_after`` 240
-          request-seconds and the patience 100 s, or four fifths of the queue timeout when that is shorter: a model
+          request-seconds, the patience 100 s and a peer's 150 s, or four fifths of the queue timeout when that is
+          shorter: a model
           whose requests waited that long is loaded before they time out (the last fifth is for the holder's drain
           and the load)."""
         share = queue_timeout * TIMEOUT_SHARE
@@ -120,6 +123,7 @@ class ElectionParams:
             flexinfer_max_wait=min(BOUNDED_WAIT, share),
             yield_after=min(YIELD_AFTER, share),
             patience=min(PATIENCE, share),
+            peer_patience=min(PEER_PATIENCE, share),
             session_gap=min(SESSION_GAP, self.demand_window),
         )
 
@@ -374,7 +378,10 @@ def worth_a_load(member: Member, holder: Member, now: datetime, params: Election
     """Whether the waiting a swap from the quiet ``holder`` to ``member`` would end is worth a load:
     - a member of higher priority than the holder: at once (a guest gives the GPU back as soon as it is quiet);
     - one of priority >= the holder's that waited past its bound (``maxWait``), or any whose oldest request waited
-      the patience (100 s): no request waits longer than that for a quiet GPU;
+      the patience: 100 s, a peer 150 s; no request waits longer than that for a quiet GPU. A peer's is longer as
+      the holder's session is as much a user's as its own: yielding in mid-session, between two of the holder's
+      requests, costs a load back (on fresh many-models days 21 of 37 yields at 100 s were followed by a request
+      for the holder within a minute);
     - a peer (the holder's priority) with a few requests waiting (``few``, at most 4): otherwise only once the holder
       was not asked for the session gap (1 min): its session's next turn usually comes within that, and a swap for
       a few requests is a load there and, when the holder is asked again, a load back. A user who moved from one
@@ -387,7 +394,8 @@ def worth_a_load(member: Member, holder: Member, now: datetime, params: Election
         return True
     bound = params.max_wait(member)
     waiting = waited(member, now)
-    if (bound is not None and member.priority >= holder.priority and waiting >= bound) or waiting >= params.patience:
+    patience = params.peer_patience if member.priority == holder.priority else params.patience
+    if (bound is not None and member.priority >= holder.priority and waiting >= bound) or waiting >= patience:
         return True
     last = holder.last_active_time  # a holder nobody asked for (loaded as the fallback) is not coming back
     idle = (now - last).total_seconds() if last is not None else float("inf")

@@ -202,7 +202,11 @@ CASES: dict[str, tuple[Outcome, GroupSnapshot]] = {
     ),
     "a-lower-priority-that-waited-the-patience-takes-a-quiet-holder-too": (
         ("b", ElectionReason.QUIET_YIELD),
-        group(member("a", priority=50, holds=True, last=15), member("b", priority=5, queued=1, waited=100)),
+        group(member("a", priority=50, holds=True, last=15), member("b", priority=5, queued=1, waited=60)),
+    ),
+    "a-lower-priority-waits-for-a-quiet-holder-until-then": (
+        ("a", ElectionReason.READY),
+        group(member("a", priority=50, holds=True, last=15), member("b", priority=5, queued=1, waited=59)),
     ),
     "the-patience-never-preempts-a-busy-holder": (
         ("a", ElectionReason.READY),
@@ -289,7 +293,7 @@ def test_the_defaults_fit_the_timings_a_user_set(
     )
     assert params.quiet_period == quiet * seconds
     assert params.max_wait(member("b")) == params.yield_after == bound * seconds
-    assert params.patience == min(100, bound) * seconds
+    assert params.patience == min(60, bound) * seconds
     assert params.peer_patience == min(150, bound) * seconds
     assert params.session_gap == min(60, window) * seconds
     assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)

@@ -200,22 +200,22 @@ async def parks_idle_at_once(h: Harness) -> None:
     assert swap.reason == "idle" and swap.phases["draining"] == 0  # a quiet holder yields, not preempted
 
 
-@pytest.mark.parametrize(("quiet_yield", "window", "after"), [(None, "2m", 80), ("90s", "2m", 90), (None, "4s", 4)])
+@pytest.mark.parametrize(("quiet_yield", "window", "after"), [(None, "2m", 48), ("90s", "2m", 90), (None, "4s", 4)])
 async def test_a_lower_priority_model_gets_a_quiet_gpu_once_its_wait_is_worth_a_load(
     quiet_yield: str | None, window: str, after: int
 ) -> None:
-    """FlexInfer's policy: b (lower priority, one request waiting) gets the GPU once a has been quiet for its quiet
-    period and b's wait is worth a load: one request x its wait reaches 240 request-seconds scaled by how recently a
-    was asked (1 - a's idle time / the demand window): at 80 s with the defaults. a is parked as idle (swap reason
-    idle), not preempted. The quiet period is FLEXINFER_QUIET_YIELD, else 10 s, or the demand window when that is
-    shorter: with a 4 s window a holder not asked for 4 s is quiet, as the seed would call it idle, and one request
-    is worth a load at once (a is not coming back soon)."""
+    """FlexInfer's policy: b (lower priority, three requests waiting) gets the GPU once a has been quiet for its
+    quiet period and b's wait is worth a load: three requests x its wait reaches 240 request-seconds scaled by how
+    recently a was asked (1 - a's idle time / the demand window): at 48 s with the defaults, before the patience
+    (60 s). a is parked as idle (swap reason idle), not preempted. The quiet period is FLEXINFER_QUIET_YIELD, else
+    10 s, or the demand window when that is shorter: with a 4 s window a holder not asked for 4 s is quiet, as the
+    seed would call it idle, and b's wait is worth a load at once (a is not coming back soon)."""
     async with running(b_priority=5, quiet_yield=quiet_yield, shared_demand_window=window) as h:
         await serving(h, A)
         await h.demand(A, queued=0)  # a's request was answered
         asked = h.clock.now()
         for _ in range(120):  # b's requests wait; a gets no request
-            await h.demand(B)
+            await h.demand(B, queued=3)
             await asyncio.sleep(1)
             if ready(h, B):
                 break

@@ -31,12 +31,12 @@ from flexinfer_common.messages import Demand, RuntimeStatus
 from flexinfer_common.subjects import demand_subject, runtime_status_subject
 
 
-def manifest(name: str, group: str) -> dict[str, object]:
+def manifest(name: str, group: str, priority: int) -> dict[str, object]:
     return {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"gpu": {"shared": group, "priority": 10}, "local": {"command": ["serve", "{port}"]}},
+        "spec": {"gpu": {"shared": group, "priority": priority}, "local": {"command": ["serve", "{port}"]}},
     }
 
 
@@ -44,8 +44,11 @@ async def seed(url: str, groups: int, per_group: int) -> None:
     await ensure_database_exists(url)
     await upgrade_database(url)
     engine = create_engine(url)
-    names = [(f"m{g}-{i}", f"g{g}") for g in range(groups) for i in range(per_group)]
-    await add_models(session_factory(engine), ((name, group, 10, manifest(name, group)) for name, group in names))
+    # member 0 outranks the others: it is its group's fallback, loaded unasked (peers of one priority load nothing
+    # until a first request), and the incumbent each sample's demand for member 1 parks (it yields at once: nobody
+    # ever asked for it)
+    models = [(f"m{g}-{i}", f"g{g}", 20 if i == 0 else 10) for g in range(groups) for i in range(per_group)]
+    await add_models(session_factory(engine), ((n, g, p, manifest(n, g, p)) for n, g, p in models))
     await engine.dispose()
 
 

@@ -113,9 +113,8 @@ class ElectionParams:
           1 min, or the demand window when that is shorter;
         - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, ``yield_after`` 240
           request-seconds, the patience 60 s and a peer's 150 s, or four fifths of the queue timeout when that is
-          shorter: a model
-          whose requests waited that long is loaded before they time out (the last fifth is for the holder's drain
-          and the load)."""
+          shorter: a model whose requests waited that long is loaded before they time out (the last fifth is for the
+          holder's drain and the load)."""
         share = queue_timeout * TIMEOUT_SHARE
         return replace(
             self,

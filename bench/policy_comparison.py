@@ -4,6 +4,7 @@
     python bench/policy_comparison.py --variants 3     # and 3 new random variants of each generated kind
     python bench/policy_comparison.py --only bursty    # the traces whose name contains 'bursty'
     python bench/policy_comparison.py --capacity       # with the traces' capacity lines (models side by side)
+    python bench/policy_comparison.py --load-scale 3   # every model loading 3 times as long (0.3: faster)
 
 For each trace: the seed's exact policy, the v1alpha1 defaults, FlexInfer's default and the offline lower bound
 (`flexinfer simulate --one-at-a-time`, queue timeout 5 m: a trace's capacity line is ignored, so the figures compare
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from _common import print_rows_in_parallel
@@ -38,6 +40,13 @@ def variants(count: int, first_seed: int = 1000) -> dict[str, Trace]:
         if about.seed is not None
         for seed in range(first_seed, first_seed + count)
     }
+
+
+def load_scaled(trace: Trace, factor: float) -> Trace:
+    """``trace`` with every model's load time multiplied by ``factor``: the same day for models that load faster or
+    slower (the kinds' models load in 20-40 s; real ones from seconds to minutes)."""
+    models = {name: replace(m, load_seconds=m.load_seconds * factor) for name, m in trace.models.items()}
+    return replace(trace, models=models)
 
 
 def worst_p95(outcome) -> float:  # type: ignore[no-untyped-def]
@@ -88,9 +97,17 @@ def main() -> int:
     parser.add_argument(
         "--capacity", action="store_true", help="honour the traces' capacity lines (models side by side where they fit)"
     )
+    parser.add_argument(
+        "--load-scale", type=float, default=1.0, help="multiply every model's load time by this (default 1)"
+    )
+    parser.add_argument("--no-shipped", action="store_true", help="only the --variants, not the example traces")
     args = parser.parse_args()
-    traces = {p.stem: load_trace(p) for p in sorted(TRACES.glob("*.jsonl"))}
+    if not args.load_scale > 0:
+        parser.error(f"--load-scale: {args.load_scale} is not a factor > 0")
+    traces = {} if args.no_shipped else {p.stem: load_trace(p) for p in sorted(TRACES.glob("*.jsonl"))}
     traces.update(variants(args.variants, args.first_seed))
+    if args.load_scale != 1.0:
+        traces = {f"{name} x{args.load_scale:g}": load_scaled(t, args.load_scale) for name, t in traces.items()}
     items = [(n, t, args.capacity) for n, t in traces.items() if args.only in n]
     print("504 / worst model's p95 wait / swaps ('!': a goal missed)\n")
     print("| trace | requests | seed | v1alpha1 | flexinfer (default) | offline swaps | goal (at most) |")

@@ -170,6 +170,8 @@ async def test_a_gpugroup_that_would_move_a_serving_model_is_refused_until_the_m
         status, _ = await system.call("POST", "scheduler", "/ui/api/models/default/a/park")  # the status page's Park
         assert status == 200
         await wait_for(lambda: _nothing_runs(system))
+        # Idle once the scheduler recorded the actuator's confirmation (Draining until then): the process gone from
+        # the actuator's table is not yet that (its Parked report is still on its way to the scheduler)
         await wait_for(lambda: a_is("Idle", "Parked"))
         status, body = await system.call("PUT", "scheduler", "/api/v1/gpugroups/g1", group)
         assert status == 201, body

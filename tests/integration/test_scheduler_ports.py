@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from flexinfer_common.enums import GroupPolicy, ModelPhase, ScaleAction, SchedulingPolicy, SharedState, SwapReason
 from flexinfer_common.keys import ModelKey
@@ -32,6 +33,7 @@ from flexinfer_scheduler.ports import (
 )
 from flexinfer_testbed.servers import TestServers, fresh_database
 from tests.conftest import reset_nats
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -239,6 +241,56 @@ async def test_a_pass_read_before_its_group_was_deleted_does_not_write_the_group
     assert again.group("v1") is None
     gpu = again.group("gpu")
     assert gpu is not None  # the other groups' writes went through
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)  # two transactions at once (the memory store has none)
+async def test_a_pass_writing_while_its_group_is_being_deleted_does_not_write_the_group_back(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the pass's write starts while the deletion's transaction is still open: the write's snapshot
+    still shows the group's row, and the write waits for the deletion's locks. Once the deletion commits, the write
+    must not insert the group again (a `DELETE /api/v1/gpugroups/g1` left an empty g1 for good under load:
+    test_scheduler_policies waited 20 s for its 404)."""
+    s = await seeded(store)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
+    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
+    world, _ = await s.load_world(NOW, WINDOW)
+    plans = [
+        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass would write v1's new holder
+
+    removed, commit = asyncio.Event(), asyncio.Event()
+    remove_groups = Store._remove_groups
+
+    async def remove_then_hold(self: Store, *args: Any, **kwargs: Any) -> None:
+        await remove_groups(self, *args, **kwargs)
+        removed.set()
+        await commit.wait()  # the deletion's transaction stays open: v1's row deleted, the models locked
+
+    monkeypatch.setattr(Store, "_remove_groups", remove_then_hold)
+    deletion = asyncio.create_task(store.delete_group("v1"))
+    await removed.wait()
+    write = asyncio.create_task(s.apply_plans(world, plans, NOW))
+
+    async def write_waits_for_the_deletion() -> bool:
+        async with store.sessions() as session:
+            waiting = await session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            )
+        return bool(waiting)
+
+    await wait_for(write_waits_for_the_deletion, within=10, what="the pass's write waiting for the deletion's locks")
+    commit.set()
+    assert await deletion
+    assert await write == {C}  # c moved to a group of its own: not written in v1
+    assert "v1" not in await s.group_names()
+    again, _ = await s.load_world(NOW, WINDOW)
+    assert again.group("v1") is None
 
 
 async def test_a_pass_read_before_a_model_moved_neither_writes_nor_commands_it_in_its_new_group(store: Any) -> None:

@@ -193,6 +193,27 @@ def test_a_quiet_holder_yields_to_lower_priority_requests_without_a_cooldown() -
     assert back.active == A and back.election.reason == "demand"
 
 
+@pytest.mark.parametrize("params", [SEED, ElectionParams()], ids=["seed", "flexinfer"])
+def test_a_model_parked_by_hand_shows_idle_only_once_the_actuator_confirmed_the_park(params: ElectionParams) -> None:
+    """The status page's Park (as its idle timeout would): phase Idle says the model is off the GPU, so that a change
+    refused while it may hold the GPU ("park it first, or wait until parked": a GPUGroup moving it) goes through
+    once it shows Idle. Until the actuator confirms the park it is Draining, as in a group with a capacity."""
+    held = NOW - timedelta(minutes=10)
+    a = member(A, runtime=RuntimePhase.READY, priority=10, ready_since=held, idle_parked_at=NOW)
+    snapshot = GroupSnapshot("gpu", (a,), active=A, leader_since=held)
+
+    parking = plan(snapshot, params=params)
+    assert [(c.key, c.action) for c in parking.commands] == [(A, ScaleAction.PARK)]
+    assert parking.statuses[A][:2] == (ModelPhase.DRAINING, SharedState.PARKED)
+    assert parking.statuses[A].message == "parking while idle"
+    snapshot = apply(snapshot, parking)
+    stopping = plan(report(snapshot, A, RuntimePhase.STOPPING), NOW + timedelta(seconds=1), params=params)
+    assert stopping.statuses[A].phase == ModelPhase.DRAINING
+    parked = plan(report(snapshot, A, RuntimePhase.PARKED), NOW + timedelta(seconds=2), params=params)
+    assert parked.statuses[A][:2] == (ModelPhase.IDLE, SharedState.PARKED)
+    assert parked.statuses[A].message.startswith("parked while idle")
+
+
 def test_a_member_built_from_its_fields_equals_one_built_by_keyword_and_needs_every_field() -> None:
     """``Member.of`` (what a store builds each loaded model with) gives the same member as the constructor, and
     refuses a field set that misses or misnames one: no member is built with a field left out."""

@@ -168,12 +168,23 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
     parts = []
     if groups:
         table = cast(Table, GroupRow.__table__)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in GROUP_WRITE if c != "name")
+        values = _arrays(table, "g_", GROUP_WRITE)
         # A group deleted while the pass ran (a GPUGroup deleted through the API) is not written back: only a group
-        # that still has its row, or members, is (the pass read the world before the deletion).
+        # that still has its row, or members, is (the pass read the world before the deletion). A group with a row
+        # is written by an UPDATE, not an upsert: this statement's snapshot may predate a deletion that commits
+        # while it runs (its EXISTS would still see the row, and the upsert, once the deletion's lock is released,
+        # would insert the group again, empty, for good); an UPDATE waits for that lock and then skips a row
+        # deleted meanwhile. Only a group without a row in the snapshot is inserted (one that has members).
         parts.append(
-            f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {_arrays(table, 'g_', GROUP_WRITE)} "
-            f"WHERE {_GROUP_PRESENT.format(name='v.name')} ON CONFLICT (name) DO UPDATE SET {updates})"
+            f"gu AS (UPDATE groups AS present SET {', '.join(f'{c} = v.{c}' for c in GROUP_WRITE if c != 'name')} "
+            f"FROM {values} WHERE present.name = v.name)"
+        )
+        updates = ", ".join(f"{c} = excluded.{c}" for c in GROUP_WRITE if c != "name")
+        parts.append(
+            f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {values} "
+            "WHERE NOT EXISTS (SELECT 1 FROM groups AS present WHERE present.name = v.name) "
+            "AND EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = v.name) "
+            f"ON CONFLICT (name) DO UPDATE SET {updates})"
         )
     if swaps:
         table = cast(Table, SwapRow.__table__)

@@ -152,7 +152,10 @@ def status_views(
         elif m.failed_at is not None and not is_eligible(m):
             phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
             failure = message
-        elif m.idle_parked_at is not None and not is_eligible(m):
+        elif m.idle_parked_at is not None and not is_eligible(m) and m.parked:
+            # Idle once the actuator confirmed it off the GPU (Draining until then, as in a group with a capacity):
+            # a change refused while the model may hold the GPU ("park it first, or wait until parked") goes
+            # through once it shows Idle
             phase, message = (
                 ModelPhase.IDLE,
                 "parked while idle (its idle timeout, or quiet while another model waited)",
@@ -160,7 +163,8 @@ def status_views(
         elif not m.parked and draining and m.ready:
             phase, message = ModelPhase.DRAINING, f"draining for {target} ({m.in_flight} in flight)"
         elif not m.parked:
-            phase, message = ModelPhase.DRAINING, f"parking for {target}"
+            idle = m.idle_parked_at is not None and not is_eligible(m) and leader is None
+            phase, message = ModelPhase.DRAINING, "parking while idle" if idle else f"parking for {target}"
         elif m.preempted_at is not None:
             phase, message = ModelPhase.PREEMPTED, f"preempted by {m.preempted_by}" if m.preempted_by else "preempted"
         else:

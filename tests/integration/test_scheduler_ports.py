@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flexinfer_common.enums import GroupPolicy, ModelPhase, ScaleAction, SchedulingPolicy, SharedState, SwapReason
 from flexinfer_common.keys import ModelKey
@@ -291,6 +293,93 @@ async def test_a_pass_writing_while_its_group_is_being_deleted_does_not_write_th
     assert "v1" not in await s.group_names()
     again, _ = await s.load_world(NOW, WINDOW)
     assert again.group("v1") is None
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)  # two transactions at once (the memory store has none)
+async def test_a_gpugroup_deletion_and_a_pass_writing_its_models_at_once_both_go_through(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletion holds its group's row while it works out every model's membership; a pass writes the group's
+    model and then its group. Both must go through, one after the other: with the deletion locking the group before
+    the models, the two deadlocked and PostgreSQL aborted one of them after a second (here the pass, whose
+    traceback was the scheduler's log line; an admin call aborted answers 500)."""
+    s = await seeded(store)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
+    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
+    world, _ = await s.load_world(NOW, WINDOW)
+    plans = [
+        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass writes c, then v1's new holder
+
+    holding, go_on = asyncio.Event(), asyncio.Event()
+    recompute = Store._recompute_membership
+
+    async def hold_then_recompute(self: Store, *args: Any, **kwargs: Any) -> None:
+        holding.set()  # the group's row is written (locked) and not committed
+        await go_on.wait()
+        await recompute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "_recompute_membership", hold_then_recompute)
+    deletion = asyncio.create_task(store.delete_group("v1"))
+    await holding.wait()
+    write = asyncio.create_task(s.apply_plans(world, plans, NOW))
+    await wait_for(lambda: _lock_waits(store), within=10, what="the pass's write waiting for the deletion's locks")
+    go_on.set()
+    assert await deletion
+    assert await write == {C}  # c moved to a group of its own meanwhile: not written in v1
+    assert "v1" not in await s.group_names()
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_pass_write_postgres_aborted_for_another_transaction_is_written_again(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadlock or a serialization failure rolls the pass's write back whole: it is run again, not lost until
+    the next pass (the election's outcome delayed by a reconcile interval, and a traceback in the log)."""
+    s = await seeded(store)
+    await s.record_demand(DemandReport(namespace="default", name="b", source="p1", queued=2, when=NOW, message_id="1"))
+    world, _ = await s.load_world(NOW, WINDOW)
+    plans = [
+        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+    aborted = []
+    execute = AsyncConnection.execute
+
+    async def deadlocked_once(self: AsyncConnection, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if not aborted and "RETURNING" in str(statement):
+            aborted.append(statement)
+            raise DBAPIError(str(statement), None, _PgError("40P01"))
+        return await execute(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncConnection, "execute", deadlocked_once)
+    assert await s.apply_plans(world, plans, NOW) == set()
+    assert aborted  # the first run was aborted
+    gpu = next(p for p in plans if p.group == "gpu")
+    assert gpu.active is not None  # the pass writes a new holder
+    again, _ = await s.load_world(NOW, WINDOW)
+    written = again.group("gpu")
+    assert written is not None and written.active == gpu.active
+
+
+class _PgError(Exception):
+    """What the asyncpg dialect puts under a DBAPIError: the server's SQLSTATE."""
+
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+async def _lock_waits(store: Any) -> bool:
+    async with store.sessions() as session:
+        waiting = await session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+    return bool(waiting)
 
 
 async def test_a_pass_read_before_a_model_moved_neither_writes_nor_commands_it_in_its_new_group(store: Any) -> None:

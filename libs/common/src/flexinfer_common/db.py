@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, Index, Integer, String, Text, event, text
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
@@ -212,6 +212,17 @@ class ProcessedMessageRow(Base):
 
     message_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     processed_at: Mapped[datetime] = mapped_column(server_default=text("now()"), index=True)
+
+
+#: What PostgreSQL answers when it aborted a statement for a concurrent transaction's sake: a deadlock (two
+#: transactions each waiting for a row the other locked; it aborts one after ``deadlock_timeout``) or a
+#: serialization failure. The same statement run again goes through.
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL aborting a statement for a concurrent transaction's sake (run it again)."""
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in CONFLICT_SQLSTATES
 
 
 #: A pooled connection that sat idle longer than this (seconds) is pinged before it is used again.

@@ -135,6 +135,7 @@ class ManifestStore:
             "namespace": group.metadata.namespace or None,
         }
         async with self.sessions.begin() as session:
+            await _lock_models(session)
             existing = await session.get(GroupRow, group.name, with_for_update=True)
             if existing is not None and origin.is_older_than(existing.source_observed_at):
                 return False
@@ -150,6 +151,7 @@ class ManifestStore:
 
     async def delete_group(self, name: str, origin: Origin = API_ORIGIN) -> bool:
         async with self.sessions.begin() as session:
+            await _lock_models(session)
             row = await session.get(GroupRow, name)
             if row is None or row.manifest is None:
                 return False
@@ -188,6 +190,7 @@ class ManifestStore:
     ) -> list[str]:
         """As :meth:`resync_models`, for GPUGroups (``present``: their names)."""
         async with self.sessions.begin() as session:
+            await _lock_models(session)
             query = select(GroupRow).where(GroupRow.source == source, GroupRow.manifest.is_not(None))
             if namespaces is not None:
                 query = query.where(GroupRow.namespace.in_(namespaces))
@@ -325,3 +328,13 @@ async def _parked_rows(
         if row is not None and pending(row) and row_parked(row):
             rows.append(row)
     return rows
+
+
+async def _lock_models(session: AsyncSession) -> None:
+    """Lock every model row, before any group row: a GPUGroup change works out every model's membership again, and
+    takes the locks in the order a scheduler pass's write does (its models, then their groups). Taken the other
+    way round (the group first, as before), a pass writing the group's models at the same moment deadlocked with
+    it, and PostgreSQL aborted one of the two after a second: the pass, or the admin call with a 500."""
+    await session.execute(
+        select(ModelRow.namespace, ModelRow.name).order_by(ModelRow.namespace, ModelRow.name).with_for_update()
+    )

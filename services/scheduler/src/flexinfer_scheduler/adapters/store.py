@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+import stamina
 from sqlalchemy import (
     DateTime,
     Integer,
@@ -45,6 +46,7 @@ from flexinfer_common.db import (
     ModelRow,
     ProcessedMessageRow,
     SwapRow,
+    is_conflict,
 )
 from flexinfer_common.enums import ScaleAction
 from flexinfer_common.keys import ModelKey
@@ -541,11 +543,15 @@ class Store(ManifestStore):
             params[f"m{index}_name"] = [r["b_name"] for r in rows]
             params[f"m{index}_group_name"] = [r["b_group"] for r in rows]
             params.update((f"m{index}_{c}", [r[c] for r in rows]) for c in shape)
-        async with autocommit(self.sessions) as session:  # one statement
-            result = await session.execute(
-                _apply_statement(bool(group_values), bool(swap_values), tuple(shapes)), params
-            )
-            written = {ModelKey(namespace, name) for namespace, name in result.all()}
+        statement = _apply_statement(bool(group_values), bool(swap_values), tuple(shapes))
+        # One statement, run again when PostgreSQL aborted it for a concurrent transaction (a deadlock with a
+        # GPUGroup change through the API): it was rolled back whole, and its guards (a model written only in the
+        # plan's group, a deleted group not written back) make it as safe a moment later as it was stale before.
+        async for attempt in stamina.retry_context(on=is_conflict, attempts=3, wait_initial=0.05, wait_max=0.5):
+            with attempt:
+                async with autocommit(self.sessions) as session:
+                    result = await session.execute(statement, params)
+                    written = {ModelKey(namespace, name) for namespace, name in result.all()}
         self._known_groups.update(v["name"] for v in group_values)
         return {ModelKey(r["b_namespace"], r["b_name"]) for rows in model_values.values() for r in rows} - written
 

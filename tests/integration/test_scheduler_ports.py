@@ -32,6 +32,7 @@ from flexinfer_scheduler.ports import (
     RuntimeReport,
     SchedulerBus,
     SchedulerStore,
+    World,
 )
 from flexinfer_testbed.servers import TestServers, fresh_database
 from tests.conftest import reset_nats
@@ -227,15 +228,7 @@ async def test_store_gpugroup_lists_its_members_with_their_priorities(store: Any
 async def test_a_pass_read_before_its_group_was_deleted_does_not_write_the_group_back(store: Any) -> None:
     """A GPUGroup deleted through the API while a pass ran: the pass's write must not bring the group back as an
     empty group (its view stayed in `GET /api/v1/groups` for good; a CI run waited 20 s for its 404)."""
-    s = await seeded(store)
-    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
-    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
-    world, _ = await s.load_world(NOW, WINDOW)
-    plans = [
-        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
-        for g in world.groups
-    ]
-    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass would write v1's new holder
+    s, world, plans = await a_pass_starting_c_in_v1(store)
     assert await store.delete_group("v1")  # c was never started: it moves to a group of its own at once
     await s.apply_plans(world, plans, NOW)
     assert "v1" not in await s.group_names()
@@ -253,15 +246,7 @@ async def test_a_pass_writing_while_its_group_is_being_deleted_does_not_write_th
     still shows the group's row, and the write waits for the deletion's locks. Once the deletion commits, the write
     must not insert the group again (a `DELETE /api/v1/gpugroups/g1` left an empty g1 for good under load:
     test_scheduler_policies waited 20 s for its 404)."""
-    s = await seeded(store)
-    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
-    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
-    world, _ = await s.load_world(NOW, WINDOW)
-    plans = [
-        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
-        for g in world.groups
-    ]
-    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass would write v1's new holder
+    s, world, plans = await a_pass_starting_c_in_v1(store)
 
     removed, commit = asyncio.Event(), asyncio.Event()
     remove_groups = Store._remove_groups
@@ -303,15 +288,7 @@ async def test_a_gpugroup_deletion_and_a_pass_writing_its_models_at_once_both_go
     model and then its group. Both must go through, one after the other: with the deletion locking the group before
     the models, the two deadlocked and PostgreSQL aborted one of them after a second (here the pass, whose
     traceback was the scheduler's log line; an admin call aborted answers 500)."""
-    s = await seeded(store)
-    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
-    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
-    world, _ = await s.load_world(NOW, WINDOW)
-    plans = [
-        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
-        for g in world.groups
-    ]
-    assert any(p.group == "v1" and p.active == C for p in plans)  # the pass writes c, then v1's new holder
+    s, world, plans = await a_pass_starting_c_in_v1(store)  # it writes c, then v1's new holder
 
     holding, go_on = asyncio.Event(), asyncio.Event()
     recompute = Store._recompute_membership
@@ -341,10 +318,7 @@ async def test_a_pass_write_postgres_aborted_for_another_transaction_is_written_
     s = await seeded(store)
     await s.record_demand(DemandReport(namespace="default", name="b", source="p1", queued=2, when=NOW, message_id="1"))
     world, _ = await s.load_world(NOW, WINDOW)
-    plans = [
-        plan_group(g, NOW, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
-        for g in world.groups
-    ]
+    plans = planned(world, NOW)
     aborted = []
     execute = AsyncConnection.execute
 
@@ -391,10 +365,7 @@ async def test_a_pass_read_before_a_model_moved_neither_writes_nor_commands_it_i
     at = NOW + timedelta(seconds=1)
     await store.put_model(model("d", "ml"), at)  # a new model: its own group's next pass loads it
     world, _ = await s.load_world(at, WINDOW)
-    plans = [
-        plan_group(g, at, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
-        for g in world.groups
-    ]
+    plans = planned(world, at)
     assert any(p.group == "solo.ml.d" and any(c.key == D for c in p.commands) for p in plans)  # the pass starts d
     await store.put_model(model("d", "ml", shared="gpu"), at)  # d was never started: it joins gpu at once
     assert await s.apply_plans(world, plans, at) == {D}
@@ -417,6 +388,26 @@ def gpugroup(name: str, *members: tuple[str, str]) -> GPUGroup:
             "spec": {"models": [{"namespace": ns, "name": n, "priority": 70} for ns, n in members]},
         }
     )
+
+
+def planned(world: World, at: datetime) -> list[GroupPlan]:
+    """What one election pass plans for every group of ``world``, not written yet."""
+    return [
+        plan_group(g, at, ElectionParams(), command_retry=timedelta(seconds=10), new_swap_id=f"s-{g.name}")
+        for g in world.groups
+    ]
+
+
+async def a_pass_starting_c_in_v1(store: Any) -> tuple[SchedulerStore, World, list[GroupPlan]]:
+    """The seeded store with c listed by the v1alpha1 GPUGroup v1 and asked for, and a pass that read it and plans
+    to start c there, not written yet (the tests change the world before or while it writes)."""
+    s = await seeded(store)
+    assert await store.put_gpugroup(gpugroup("v1", ("ml", "c")), NOW)
+    await s.record_demand(DemandReport(namespace="ml", name="c", source="p1", queued=1, when=NOW, message_id="1"))
+    world, _ = await s.load_world(NOW, WINDOW)
+    plans = planned(world, NOW)
+    assert any(p.group == "v1" and p.active == C for p in plans)
+    return s, world, plans
 
 
 async def elect(store: Any, at: datetime) -> list[GroupPlan]:

@@ -153,11 +153,11 @@ def _arrays(table: Table, prefix: str, columns: Sequence[str], names: Sequence[s
     return f"unnest({', '.join(arrays)}) AS v({', '.join(names or columns)})"
 
 
-# A group a pass may write: it still has its row, or members.
-_GROUP_PRESENT = (
-    "(EXISTS (SELECT 1 FROM groups AS present WHERE present.name = {name}) "
-    "OR EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = {name}))"
-)
+# A group a pass may write: it still has its row, or members (the group write: an UPDATE of the row, else an INSERT
+# for members).
+_GROUP_ROW = "EXISTS (SELECT 1 FROM groups AS present WHERE present.name = {name})"
+_GROUP_MEMBERS = "EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = {name})"
+_GROUP_PRESENT = f"({_GROUP_ROW} OR {_GROUP_MEMBERS})"
 
 
 @functools.lru_cache(maxsize=256)
@@ -184,8 +184,7 @@ def _apply_statement(groups: bool, swaps: bool, shapes: tuple[tuple[str, ...], .
         updates = ", ".join(f"{c} = excluded.{c}" for c in GROUP_WRITE if c != "name")
         parts.append(
             f"g AS (INSERT INTO groups ({', '.join(GROUP_WRITE)}) SELECT * FROM {values} "
-            "WHERE NOT EXISTS (SELECT 1 FROM groups AS present WHERE present.name = v.name) "
-            "AND EXISTS (SELECT 1 FROM models AS member WHERE member.group_name = v.name) "
+            f"WHERE NOT {_GROUP_ROW.format(name='v.name')} AND {_GROUP_MEMBERS.format(name='v.name')} "
             f"ON CONFLICT (name) DO UPDATE SET {updates})"
         )
     if swaps:

@@ -139,6 +139,7 @@ def status_views(
         state = SharedState.QUEUED if m.key in positions else SharedState.PARKED
         preempted_by = m.preempted_by
         target = leader.name if leader else "no leader"
+        idle = m.idle_parked_at is not None and not is_eligible(m)  # parked as idle, not asked for since
         if lease_holder is not None:
             # Preempted only once it is off the GPU: the lease manager reports a lease Held (and admits a training
             # Job) when every member shows Preempted by the lease.
@@ -152,7 +153,7 @@ def status_views(
         elif m.failed_at is not None and not is_eligible(m):
             phase, message = ModelPhase.FAILED, m.last_failure or "failed to load"
             failure = message
-        elif m.idle_parked_at is not None and not is_eligible(m) and m.parked:
+        elif idle and m.parked:
             # Idle once the actuator confirmed it off the GPU (Draining until then, as in a group with a capacity):
             # a change refused while the model may hold the GPU ("park it first, or wait until parked") goes
             # through once it shows Idle
@@ -163,8 +164,10 @@ def status_views(
         elif not m.parked and draining and m.ready:
             phase, message = ModelPhase.DRAINING, f"draining for {target} ({m.in_flight} in flight)"
         elif not m.parked:
-            idle = m.idle_parked_at is not None and not is_eligible(m) and leader is None
-            phase, message = ModelPhase.DRAINING, "parking while idle" if idle else f"parking for {target}"
+            phase, message = (
+                ModelPhase.DRAINING,
+                "parking while idle" if idle and leader is None else f"parking for {target}",
+            )
         elif m.preempted_at is not None:
             phase, message = ModelPhase.PREEMPTED, f"preempted by {m.preempted_by}" if m.preempted_by else "preempted"
         else:

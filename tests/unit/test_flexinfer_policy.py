@@ -275,26 +275,36 @@ def test_the_hold_follows_the_measured_load_within_its_bounds() -> None:
 
 
 @pytest.mark.parametrize(
-    ("queue_timeout", "window", "quiet_yield", "quiet", "bound"),
+    ("queue_timeout", "window", "quiet_yield", "drain", "quiet", "bound", "share"),
     [
-        pytest.param(300, 120, None, 10, 240, id="the-defaults-are-the-defaults"),
-        pytest.param(45, 120, None, 10, 36, id="a-short-queue-timeout-shortens-the-bound-and-the-yield"),
-        pytest.param(45, 2, None, 2, 36, id="a-short-demand-window-shortens-the-quiet-period"),
-        pytest.param(45, 2, 30, 30, 36, id="FLEXINFER_QUIET_YIELD-wins"),
-        pytest.param(3600, 120, None, 10, 240, id="a-long-queue-timeout-keeps-4-min"),
+        pytest.param(300, 120, None, 60, 10, 200, 240, id="the-defaults-leave-a-drain-and-a-load-before-the-timeout"),
+        pytest.param(300, 120, None, 200, 10, 150, 240, id="a-long-drain-leaves-at-least-half-the-timeout"),
+        pytest.param(45, 120, None, 60, 10, 22.5, 36, id="a-short-queue-timeout-shortens-the-bound-and-the-yield"),
+        pytest.param(45, 2, None, 60, 2, 22.5, 36, id="a-short-demand-window-shortens-the-quiet-period"),
+        pytest.param(45, 2, 30, 60, 30, 22.5, 36, id="FLEXINFER_QUIET_YIELD-wins"),
+        pytest.param(3600, 120, None, 60, 10, 240, 240, id="a-long-queue-timeout-keeps-4-min"),
     ],
 )
 def test_the_defaults_fit_the_timings_a_user_set(
-    queue_timeout: float, window: float, quiet_yield: float | None, quiet: float, bound: float
+    queue_timeout: float,
+    window: float,
+    quiet_yield: float | None,
+    drain: float,
+    quiet: float,
+    bound: float,
+    share: float,
 ) -> None:
+    """The bounded wait leaves the busy holder's drain and a load (40 s) before the queue timeout, within [half the
+    timeout, 4 min]; what a quiet holder's yield waits for (it parks at once) is at most four fifths of it."""
     seconds = timedelta(seconds=1)
     params = ElectionParams(demand_window=window * seconds).fitted_to(
-        queue_timeout * seconds, quiet_yield * seconds if quiet_yield is not None else None
+        queue_timeout * seconds, quiet_yield * seconds if quiet_yield is not None else None, drain * seconds
     )
     assert params.quiet_period == quiet * seconds
-    assert params.max_wait(member("b")) == params.yield_after == bound * seconds
-    assert params.patience == min(60, bound) * seconds
-    assert params.peer_patience == min(150, bound) * seconds
+    assert params.max_wait(member("b")) == bound * seconds
+    assert params.yield_after == share * seconds
+    assert params.patience == min(60, share) * seconds
+    assert params.peer_patience == min(150, share) * seconds
     assert params.session_gap == min(60, window) * seconds
     assert params.max_wait(dataclasses.replace(member("b"), max_wait=timedelta(seconds=90))) == timedelta(seconds=90)
 

@@ -55,13 +55,31 @@ def test_flexinfer_serves_a_model_waiting_behind_a_busy_one_within_its_bound() -
 
 
 def test_a_short_queue_timeout_shortens_the_bounded_wait_so_the_waiting_request_is_served() -> None:
-    """b sets no maxWait: its bound is 4 min, or four fifths of the queue timeout when that is shorter, so with a
-    90 s timeout b is loaded after 72 s of waiting instead of timing out behind the busy a."""
+    """b sets no maxWait: its bound is what the queue timeout leaves after a's drain (60 s) and a load (40 s), at
+    least half of it, so with a 90 s timeout b is loaded after 45 s of waiting instead of timing out behind the busy
+    a."""
     lines = [line for line in busy_a_and_one_request_for_b() if '"maxWait"' not in line]
     lines.insert(1, json.dumps({"model": "b", "priority": 10, "loadSeconds": 5}))
     outcome = simulate(read_trace(lines), ["flexinfer"], Settings(queue_timeout=90)).outcomes["flexinfer"]
     (waited,) = outcome.waits["b"]
-    assert outcome.timed_out == 0 and 72 <= waited < 90
+    assert outcome.timed_out == 0 and 45 <= waited < 90
+
+
+def test_the_bounded_wait_leaves_room_for_a_holder_that_drains_a_backlog() -> None:
+    """a serves one request at a time and is asked faster than it answers: its backlog grows, so when b (same
+    priority, no maxWait) takes the GPU a drains for the whole 60 s. b's bound (5 min - 60 s - 40 s = 200 s) leaves
+    room for that drain and b's load: its request is answered before the queue timeout. With a bound of four fifths
+    of the timeout (240 s) the drain and the load ended past it and b's request timed out."""
+    lines: list[object] = [
+        {"model": "a", "priority": 10, "loadSeconds": 28, "concurrency": 1},
+        {"model": "b", "priority": 10, "loadSeconds": 28},
+        {"at": 30, "model": "b", "serviceSeconds": 1},
+    ]
+    lines += [{"at": 5 * i, "model": "a", "serviceSeconds": 8} for i in range(120)]
+    outcome = simulate(read_trace(trace(*lines)), ["flexinfer"]).outcomes["flexinfer"]
+    (waited,) = outcome.waits["b"]
+    assert outcome.killed > 0  # a drained for the whole drain timeout: its backlog was still in flight
+    assert 200 <= waited < 300 and outcome.timed_out == 0
 
 
 def a_request_just_after_a_swap() -> list[str]:

@@ -311,9 +311,9 @@ def test_demand_signal_not_being_detected(
 
 def test_a_busy_incumbent_no_longer_starves_an_equal_priority_model() -> None:
     """The starvation of issue 11: steady traffic on A (a request every tick, so A is never idle) and one request
-    for B of equal priority. Under FlexInfer's policy B gets the GPU once it has waited its maxWait (4 minutes by
-    default), plus a drain and a few reconcile periods — before the 5-minute queue timeout. Under the seed's it
-    waits until its request times out."""
+    for B of equal priority. Under FlexInfer's policy B gets the GPU once it has waited its maxWait (the
+    parameters' bound), plus a drain and a few reconcile periods — before the 5-minute queue timeout. Under the
+    seed's it waits until its request times out."""
     sim = two_models(policy=SchedulingPolicy.FLEXINFER)
     bring_up(sim, A)
     proxy = Proxy(sim)

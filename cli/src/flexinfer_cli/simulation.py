@@ -634,8 +634,8 @@ class Simulation:
 
     def _check_bound(self, snapshot: GroupSnapshot, leader: ModelKey | None, cooldown: timedelta) -> None:
         """Measure ``over_bound``: the models of priority >= the holder's whose oldest waiting request is older than
-        their bound (``max_wait``: maxWait, default 4 min; the demand window for the seed, which has none), after the
-        cooldown, and still not elected."""
+        their bound (``max_wait``: maxWait, default the fitted ``flexinfer_max_wait``; the demand window for the
+        seed, which has none), after the cooldown, and still not elected."""
         if self.outcome.over_bound is None:
             return
         if cooldown > timedelta(0):
@@ -834,11 +834,11 @@ class Comparison:
 
 def _with_settings(policy: Policy, settings: Settings) -> Policy:
     """The policy as the scheduler would run it with these settings (FlexInfer's fitted to the queue timeout and
-    FLEXINFER_QUIET_YIELD: ``ElectionParams.fitted_to``)."""
+    FLEXINFER_QUIET_YIELD and its drain: ``ElectionParams.fitted_to``)."""
     if policy.name != "flexinfer":
         return policy
     quiet = timedelta(seconds=settings.quiet_yield) if settings.quiet_yield is not None else None
-    params = policy.params.fitted_to(timedelta(seconds=settings.queue_timeout), quiet)
+    params = policy.params.fitted_to(timedelta(seconds=settings.queue_timeout), quiet, policy.drain_timeout)
     return dataclasses.replace(policy, params=params)
 
 

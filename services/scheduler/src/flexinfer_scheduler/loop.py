@@ -121,7 +121,7 @@ class Scheduler:
             default_swap_cooldown=settings.default_swap_cooldown,
             policy=settings.scheduling_policy,
             explicit_swap_cooldown=settings.explicit_swap_cooldown,
-        ).fitted_to(settings.queue_timeout, settings.quiet_yield)
+        ).fitted_to(settings.queue_timeout, settings.quiet_yield, settings.drain_timeout)
         # The proxies report in-flight counts every activity interval: a report older than a few is from a proxy
         # that is gone, and a drain waits one interval for the counts of a model that served lately.
         self.drain_settle = settings.activity_report_interval

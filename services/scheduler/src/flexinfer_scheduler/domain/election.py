@@ -46,8 +46,13 @@ PATIENCE = timedelta(seconds=60)
 PEER_PATIENCE = timedelta(seconds=150)
 FEW = 4
 SESSION_GAP = timedelta(minutes=1)
-# The share of the queue timeout FlexInfer's waits may take by default (the rest is for the drain and the load).
+# The share of the queue timeout a quiet holder's yield may wait for by default (the rest is for the park and the
+# load; a quiet holder has nothing to drain).
 TIMEOUT_SHARE = 4 / 5
+# What the bounded wait leaves of the queue timeout, beside the busy holder's drain (FLEXINFER_DRAIN_TIMEOUT, 60 s by
+# default), for a park and a load (the seed's LLMs load in about 30 s).
+LOAD_ALLOWANCE = timedelta(seconds=40)
+DRAIN_TIMEOUT = timedelta(seconds=60)
 
 
 class ElectionReason(StrEnum):
@@ -106,20 +111,27 @@ class ElectionParams:
         """These parameters with the seed's exact rules."""
         return replace(self, policy=SchedulingPolicy.SEED)
 
-    def fitted_to(self, queue_timeout: timedelta, quiet_yield: timedelta | None = None) -> ElectionParams:
+    def fitted_to(
+        self, queue_timeout: timedelta, quiet_yield: timedelta | None = None, drain_timeout: timedelta = DRAIN_TIMEOUT
+    ) -> ElectionParams:
         """FlexInfer's defaults fitted to the timings the user set, so that no default waits past them:
         - the quiet period is FLEXINFER_QUIET_YIELD when set, else 10 s, or the demand window when that is shorter
           (a holder the seed would call idle, not asked within the window, is quiet too); the session gap likewise
           1 min, or the demand window when that is shorter;
-        - the bounded wait of a member without ``spec.gpu.maxWait`` is 4 min, ``yield_after`` 240
-          request-seconds, the patience 60 s and a peer's 150 s, or four fifths of the queue timeout when that is
-          shorter: a model whose requests waited that long is loaded before they time out (the last fifth is for the
-          holder's drain and the load)."""
+        - ``yield_after`` 240 request-seconds, the patience 60 s and a peer's 150 s, or four fifths of the queue
+          timeout when that is shorter: a quiet holder parks at once, so the last fifth is for the park and the load;
+        - the bounded wait of a member without ``spec.gpu.maxWait`` is what the queue timeout leaves after the busy
+          holder's drain (``drain_timeout``) and a park and a load (``LOAD_ALLOWANCE``, 40 s), at most 4 min and at
+          least half the queue timeout: 3 min 20 s with the defaults (a 5 min timeout, a 60 s drain). A bound of four
+          fifths of the timeout left 60 s for a drain of up to 60 s and the load, and a holder serving a backlog
+          drains for all of it: its requests timed out (8 of 718 on a bursty day of models that serve one request
+          at a time, 45 of a homelab day's 924 with a 2 min timeout; 0 and 5 with this bound)."""
         share = queue_timeout * TIMEOUT_SHARE
+        room = queue_timeout - drain_timeout - LOAD_ALLOWANCE
         return replace(
             self,
             quiet_period=quiet_yield if quiet_yield is not None else min(QUIET_PERIOD, self.demand_window),
-            flexinfer_max_wait=min(BOUNDED_WAIT, share),
+            flexinfer_max_wait=min(BOUNDED_WAIT, max(queue_timeout / 2, room)),
             yield_after=min(YIELD_AFTER, share),
             patience=min(PATIENCE, share),
             peer_patience=min(PEER_PATIENCE, share),

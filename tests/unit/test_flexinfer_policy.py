@@ -16,6 +16,7 @@ from flexinfer_scheduler.domain.election import (
     choose_flexinfer_leader,
     cooldown_remaining,
     elect,
+    next_change,
 )
 from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Lease, Member
 from tests.support.elections import Outcome, outcome, rules
@@ -330,3 +331,52 @@ def test_the_seed_policy_is_one_setting_away(by: str) -> None:
     else:
         seed = elect(GroupSnapshot(**{**snapshot.__dict__, "scheduling": SchedulingPolicy.SEED}), NOW, PARAMS)
     assert seed.leader == ModelKey("default", "a") and seed.reason == ElectionReason.READY
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "after"),
+    [
+        pytest.param(
+            group(member("a", holds=True, last=3), member("b", last=3, queued=30, waited=3)),
+            7,
+            id="a-holder-yields-to-a-crowd-when-its-quiet-period-ends",
+        ),
+        pytest.param(
+            group(
+                member("a", holds=True, ready_for=5, loaded_in=30, last=1, in_flight=1),
+                member("b", priority=20, last=5, queued=1, waited=5),
+            ),
+            25,
+            id="a-busy-holder-gives-way-to-a-higher-priority-when-its-hold-ends",
+        ),
+        pytest.param(
+            group(member("a", holds=True, last=30), member("b", priority=5, last=40, queued=1, waited=40)),
+            20,
+            id="a-lower-priority-when-its-patience-ends",
+        ),
+        pytest.param(
+            group(member("a", holds=True, last=1, in_flight=1), member("b", last=230, queued=1, waited=230)),
+            10,
+            id="a-peer-behind-a-busy-holder-when-its-bound-ends",
+        ),
+        pytest.param(
+            group(member("a", holds=True, last=20), member("b", last=10, queued=5, waited=10)),
+            150 / 7,
+            id="a-crowd-when-its-wait-is-worth-a-load-as-the-quiet-holder-cools",
+        ),
+        pytest.param(group(member("a", holds=True, last=600), member("b")), None, id="nothing-ends-by-time"),
+    ],
+)
+def test_a_group_is_passed_again_when_a_rule_of_time_ends(snapshot: GroupSnapshot, after: float | None) -> None:
+    """``next_change``: the first instant a rule of time could change the election with nothing reported; the
+    scheduler passes the group again then (not at its next reconcile). In each row b is elected at that instant
+    and not a moment before."""
+    change = next_change(snapshot, NOW, PARAMS)
+    if after is None:
+        assert change is None
+        return
+    assert change is not None
+    assert abs((change - NOW).total_seconds() - after) < 1e-6
+    b = ModelKey("default", "b")
+    assert elect(snapshot, change - timedelta(milliseconds=1), PARAMS).leader != b
+    assert elect(snapshot, change + timedelta(microseconds=1), PARAMS).leader == b

@@ -99,7 +99,9 @@ async def running(b_priority: int = 10, max_wait: str | None = "30s", **settings
     """The scheduler and a prompt actuator, started inside the test (so on its fast-forwarded clock). Both models
     set ``spec.gpu.maxWait`` to ``max_wait`` (None: neither sets it)."""
     store, bus, clock = MemoryStore(), MemoryBus(), LoopClock()
-    settings = SchedulerSettings(reconcile_interval=3, drain_timeout=20, activity_report_interval=1, **settings_)
+    settings = SchedulerSettings(
+        **{"reconcile_interval": 3, "drain_timeout": 20, "activity_report_interval": 1, **settings_}
+    )
     scheduler = Scheduler(store=store, bus=bus, lock=MemoryLeaderLock(), settings=settings, clock=clock)
     h = Harness(store, bus, scheduler, clock)
     bound = {"maxWait": max_wait} if max_wait is not None else {}
@@ -242,6 +244,21 @@ async def test_the_bounded_wait_ends_before_the_queue_timeout(queue_timeout: str
                 break
         swap = swap_to(h, "b")
         assert swap.reason == "max-wait" and bound <= (swap.started_at - asked).total_seconds() < bound + 4
+
+
+async def test_a_rule_of_time_takes_effect_on_time_not_at_the_next_reconcile() -> None:
+    """a served and went quiet; a crowd for its peer b waits. a is quiet 10 s after it was last busy, and yields
+    then, though no event comes and the reconcile runs only every minute: the plan's ``recheck_at`` passes the
+    group again when the quiet period ends."""
+    async with running(max_wait=None, reconcile_interval=60) as h:
+        await serving(h, A)
+        await h.demand(A, queued=0)  # its request answered
+        busy = h.clock.now()
+        await h.demand(B, queued=30)
+        await h.until(lambda: any(s.to_name == "b" for s in h.store.swaps.values()), within=30)
+        swap = swap_to(h, "b")
+        assert swap.reason == "idle"
+        assert 10 <= (swap.started_at - busy).total_seconds() < 10.5
 
 
 async def test_one_replica_leads_and_another_takes_over() -> None:

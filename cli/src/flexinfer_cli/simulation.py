@@ -266,6 +266,7 @@ class Event(IntEnum):  # at equal times: runtime changes first, then finished re
     ARRIVAL = 3
     EXPIRE = 4
     TICK = 5
+    RECHECK = 6  # a pass when a rule of time ends (the plan's ``recheck_at``), as the scheduler's
 
 
 @dataclass
@@ -386,6 +387,7 @@ class Simulation:
         self._segments: dict[str, tuple[str, float]] = {}  # per model on the GPU: its state and since when
         self._cooldown_end = 0.0
         self._hold_end: dict[str, float] = {}  # a group with a capacity: when the residents in a model's way may go
+        self._recheck_at: datetime | None = None  # the pass already due when a rule of time ends
 
     # ---- the clock and the event queue ---------------------------------------------------------------------
     def at(self, when: float, kind: Event, payload: Any = None) -> None:
@@ -399,7 +401,7 @@ class Simulation:
         end = self.trace.duration + self.settings.queue_timeout
         while self.events:
             when, kind, _, payload = heapq.heappop(self.events)
-            if when > end and kind == Event.TICK:
+            if when > end and kind in (Event.TICK, Event.RECHECK):
                 continue  # no more reconciles; what is in flight (in a model's own queue too) still finishes
             self._account(when)
             self.now = when
@@ -443,6 +445,7 @@ class Simulation:
         elif kind is Event.TICK:
             self._refresh_demand()
             self.at(self.now + self.policy.reconcile, Event.TICK)
+        # (Event.RECHECK: nothing to do but the pass that follows every event)
 
     # ---- the proxy -----------------------------------------------------------------------------------------
     def _arrive(self, request: Request) -> None:
@@ -619,6 +622,9 @@ class Simulation:
         else:
             self._check_resident_bound(snapshot, plan.members, now)
         self.snapshot = apply_plan(snapshot, plan)
+        if plan.recheck_at is not None and plan.recheck_at != self._recheck_at:
+            self._recheck_at = plan.recheck_at
+            self.at((plan.recheck_at - EPOCH).total_seconds(), Event.RECHECK)
         for command in plan.commands:
             self._apply(command.key.name, command.action, command.generation)
         ready = {

@@ -58,6 +58,8 @@ from flexinfer_scheduler.specs import SpecInbox, SpecStore, decode_spec_message
 
 log = get_logger("flexinfer.scheduler")
 
+# The shortest wait for a group's recheck (a deadline reached a hair early is not due yet: no busy loop).
+RECHECK_FLOOR = 0.01
 # Groups per slice of the periodic reconcile (about 250 models: a few milliseconds). An event recorded while a slice
 # loads makes the slice give way (it is planned again after the event's pass); one that arrives later waits for the
 # slice's planning and writing, so a slice bounds the reaction to a demand from above.
@@ -132,6 +134,8 @@ class Scheduler:
         self.is_leader = False
         self._kick = asyncio.Event()
         self._dirty: set[str] = set()
+        # per group, when its last plan said a rule of time ends (``GroupPlan.recheck_at``): it is passed again then
+        self._rechecks: dict[str, datetime] = {}
         self._full_pass_due = True
         self._last_full_pass = -float("inf")
         # what a pass publishes, and what was last published, to publish only changes
@@ -244,18 +248,35 @@ class Scheduler:
         self._consumers = []
 
     async def _wait_for_kick(self, stop: asyncio.Event) -> None:
+        """Until an event, the reconcile interval or the first recheck of a group (then due: dirty)."""
+        timeout = self.settings.reconcile_interval.total_seconds()
+        if self._rechecks:
+            until = (min(self._rechecks.values()) - self.clock.now()).total_seconds()
+            timeout = min(timeout, max(RECHECK_FLOOR, until))
         kicked = asyncio.ensure_future(self._kick.wait())
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait(
-                {kicked, stopped},
-                timeout=self.settings.reconcile_interval.total_seconds(),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await asyncio.wait({kicked, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             kicked.cancel()
             stopped.cancel()
         self._kick.clear()
+        now = self.clock.now()
+        due = [group for group, at in self._rechecks.items() if at <= now]
+        for group in due:
+            del self._rechecks[group]
+        self._dirty.update(due)
+
+    def _note_rechecks(self, groups: set[str] | None, plans: list[GroupPlan]) -> None:
+        """Keep each planned group's ``recheck_at``; a group passed but not planned (deleted) has none."""
+        if groups is None:
+            self._rechecks.clear()
+        else:
+            for group in groups:
+                self._rechecks.pop(group, None)
+        for plan in plans:
+            if plan.recheck_at is not None:
+                self._rechecks[plan.group] = plan.recheck_at
 
     # ---- one pass ----------------------------------------------------------------------------------------
     async def _pass_dirty(self) -> PassResult | None:
@@ -338,6 +359,7 @@ class Scheduler:
             LEASE_READ_ERRORS.inc()
             log.warning("lease read failed; electing as if unleased (fail open toward serving)")
         plans = self.plan(world, now)
+        self._note_rechecks(groups, plans)
         elapsed = time.perf_counter() - started
         ELECTION_DURATION.observe(elapsed)
         # The write runs while the routes are built and sent (on a first pass over 10,000 models Postgres took

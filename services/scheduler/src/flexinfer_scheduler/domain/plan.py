@@ -31,6 +31,7 @@ from flexinfer_scheduler.domain.election import (
     first_in_line,
     idle_timeout_expired,
     is_eligible,
+    next_change,
     params_for,
     parked_by_hand,
     rank,
@@ -106,6 +107,9 @@ class GroupPlan:
     members: dict[ModelKey, Member] = field(default_factory=dict)
     lease: Lease | None = None  # the GPU lease this election honoured (published so the lease manager knows)
     reservation: LeaseReservation | None = None  # ``lease`` reserves memory on one device (else: the whole group)
+    #: when to plan the group again though nothing is reported (a rule of time ends: ``next_change``); None: at the
+    #: next reconcile
+    recheck_at: datetime | None = None
 
     @property
     def queue(self) -> list[ModelKey]:
@@ -382,6 +386,9 @@ def plan_group(
     # 5. the status view
     current = patches.current()
     statuses = status_views(current, election, swap, now, params, lease_holder)
+    recheck = [next_change(dataclasses.replace(current, active=active), now, params)]
+    if swap is not None and swap.phase is SwapPhase.DRAINING:
+        recheck += (swap.phase_started_at + drain_settle, swap.phase_started_at + drain_timeout)
     return GroupPlan(
         group=snapshot.name,
         election=election,
@@ -396,6 +403,7 @@ def plan_group(
         drain_timeout=snapshot.v1alpha1.drain_timeout if snapshot.v1alpha1 is not None else None,
         members={m.key: m for m in current.members},
         lease=snapshot.lease if lease_holder is not None else None,
+        recheck_at=min((t for t in recheck if t is not None and t > now), default=None),
     )
 
 
@@ -687,6 +695,11 @@ def plan_resident_set(
         swap, update = _advance_eviction(swap, current, now, lease_holder is not None)
         if update is not None:
             swap_updates.append(update)
+    # each resident's rules of time, as if it were the one holder, and the evictions' drains
+    recheck = [
+        next_change(dataclasses.replace(current, active=m.key), now, params) for m in current.members if _holds(m)
+    ]
+    recheck += (m.evicting_since + drain_timeout for m in current.members if m.evicting_since is not None)
     return GroupPlan(
         group=snapshot.name,
         election=election,
@@ -700,6 +713,7 @@ def plan_resident_set(
         members={m.key: m for m in current.members},
         lease=snapshot.lease if lease_holder is not None or held is not None else None,
         reservation=held,
+        recheck_at=min((t for t in recheck if t is not None and t > now), default=None),
     )
 
 

@@ -380,3 +380,10 @@ def test_a_group_is_passed_again_when_a_rule_of_time_ends(snapshot: GroupSnapsho
     b = ModelKey("default", "b")
     assert elect(snapshot, change - timedelta(milliseconds=1), PARAMS).leader != b
     assert elect(snapshot, change + timedelta(microseconds=1), PARAMS).leader == b
+
+
+def test_the_seeds_policy_acts_at_its_reconcile_only() -> None:
+    """The seed's policy (and a v1alpha1 group) is passed at the reconcile, as the seed was: no ``next_change``."""
+    snapshot = group(member("a", holds=True, last=3), member("b", last=3, queued=30, waited=3))
+    assert next_change(snapshot, NOW, PARAMS) is not None
+    assert next_change(snapshot, NOW, ElectionParams(policy=SchedulingPolicy.SEED)) is None

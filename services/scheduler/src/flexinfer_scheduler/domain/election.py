@@ -236,15 +236,20 @@ def wants_gpu(member: Member, snapshot: GroupSnapshot, now: datetime, params: El
     )
 
 
+def acts_on_time(snapshot: GroupSnapshot, params: ElectionParams) -> bool:
+    """Whether the group is passed again when one of its rules of time ends (FlexInfer's policy), or only at the
+    reconcile (a v1alpha1 group, and the seed's policy: as the seed, which acted at its reconcile)."""
+    return snapshot.v1alpha1 is None and policy_of(snapshot, params) is SchedulingPolicy.FLEXINFER
+
+
 def next_change(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) -> datetime | None:
-    """The first instant after ``now`` at which a v1alpha2 election could decide otherwise though nothing new was
-    reported: a rule of time ends (the holder's quiet period, hold or cooldown, idle timeout or session gap; a
-    waiting member's patience or bound; a demand window; a lease). None: only an event can change it (or a
-    v1alpha1 group, which the reconcile passes). A superset: the pass then may well change nothing. The scheduler
-    passes the group again at that instant instead of at its next reconcile, so a rule of time takes effect on
-    time, not up to a reconcile interval (3 s) late: on the bursty days of the policy comparison a quiet holder's
-    yield came 1.5 s late on average."""
-    if snapshot.v1alpha1 is not None:
+    """The first instant after ``now`` at which FlexInfer's election could decide otherwise though nothing new was
+    reported: a rule of time ends (the holder's quiet period, hold or idle timeout; a session gap; a waiting
+    member's patience, bound or crowd threshold; a demand window; a lease). None: only an event can change it, or
+    the group does not act on time (``acts_on_time``). A superset: the pass then may well change nothing. The
+    scheduler passes the group again at that instant instead of at its next reconcile, so a rule of time takes
+    effect on time, not up to a reconcile interval (3 s) late."""
+    if not acts_on_time(snapshot, params):
         return None
     times: list[datetime] = []
     if snapshot.lease is not None:

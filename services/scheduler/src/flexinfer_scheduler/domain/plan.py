@@ -25,6 +25,7 @@ from flexinfer_scheduler.domain.election import (
     Election,
     ElectionParams,
     ElectionReason,
+    acts_on_time,
     asked_for,
     cooldown_remaining,
     elect,
@@ -387,7 +388,7 @@ def plan_group(
     current = patches.current()
     statuses = status_views(current, election, swap, now, params, lease_holder)
     recheck = [next_change(dataclasses.replace(current, active=active), now, params)]
-    if swap is not None and swap.phase is SwapPhase.DRAINING:
+    if swap is not None and swap.phase is SwapPhase.DRAINING and acts_on_time(snapshot, params):
         recheck += (swap.phase_started_at + drain_settle, swap.phase_started_at + drain_timeout)
     return GroupPlan(
         group=snapshot.name,
@@ -699,7 +700,8 @@ def plan_resident_set(
     recheck = [
         next_change(dataclasses.replace(current, active=m.key), now, params) for m in current.members if _holds(m)
     ]
-    recheck += (m.evicting_since + drain_timeout for m in current.members if m.evicting_since is not None)
+    if acts_on_time(snapshot, params):
+        recheck += (m.evicting_since + drain_timeout for m in current.members if m.evicting_since is not None)
     return GroupPlan(
         group=snapshot.name,
         election=election,

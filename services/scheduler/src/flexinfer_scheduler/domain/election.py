@@ -259,7 +259,9 @@ def next_change(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) 
     quiet = holder is not None and not holder.in_flight and not holder.queued
     quiet_from = now
     if holder is not None:
-        times.append(now + cooldown_remaining(snapshot, now, params))
+        ends = hold_ends(holder, snapshot, params)
+        if ends is not None:
+            times.append(ends)
         since = idle_reference(holder)
         if since is not None and quiet:
             quiet_from = max(now, since + params.quiet_period)
@@ -268,7 +270,7 @@ def next_change(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) 
             times.append(since + holder.idle_timeout)
     for m in snapshot.members:
         last = m.last_active_time
-        if m is not holder and not wants_gpu(m, snapshot, now, params):
+        if m is not holder and not asked_for(m, now, params):  # (FlexInfer's demand: ``wants_gpu``)
             continue
         if last is not None:
             times += (last + params.demand_window, last + params.recent_window, last + params.session_gap)

@@ -387,7 +387,8 @@ def plan_group(
     # 5. the status view
     current = patches.current()
     statuses = status_views(current, election, swap, now, params, lease_holder)
-    recheck = [next_change(dataclasses.replace(current, active=active), now, params)]
+    settled = current if current.active == active else dataclasses.replace(current, active=active)
+    recheck = [next_change(settled, now, params)]
     if swap is not None and swap.phase is SwapPhase.DRAINING and acts_on_time(snapshot, params):
         recheck += (swap.phase_started_at + drain_settle, swap.phase_started_at + drain_timeout)
     return GroupPlan(

@@ -101,13 +101,12 @@ async def test_request_for_b_is_answered_by_b_after_a_was_parked(start_system: S
             results = await requests_in_turn(system, "b")
             await asyncio.sleep(0.1)
 
-        numbers = assert_each_answered_cold(results, "b")
+        assert_each_answered_cold(results, "b")  # each reached b once
         assert all(int(headers["X-FlexInfer-Queue-Wait-Ms"]) > 0 for _, _, headers in results)
-        # The proxy releases the queue in arrival order: each request is written to the model before the next is
-        # released. On several connections the model's server may still begin two of them in either order (a new
-        # connection's accept races a keep-alive read), so a neighbour swap is tolerated; anything more is a bug.
-        first = min(numbers)
-        assert all(abs((n - first) - i) <= 1 for i, n in enumerate(numbers)), f"drained out of arrival order: {numbers}"
+        # (The proxy releases the queue in arrival order, each request written to the model before the next is
+        # released: test_proxy_queues.py::test_drain_releases_in_arrival_order_one_after_another. The order the
+        # model's server begins them in is not the proxy's: on several connections its accept loop races the
+        # keep-alive reads, and on a loaded CI machine it began them as [1, 3, 2, 4, 5] and [1, 2, 4, 5, 3].)
 
         assert all(len(running) <= 1 for running in watcher.seen), f"two models ran at once: {watcher.seen}"
         assert frozenset({"a"}) in watcher.seen and watcher.seen[-1] == frozenset({"b"})

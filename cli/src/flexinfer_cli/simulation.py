@@ -50,7 +50,7 @@ from flexinfer_common.durations import parse_duration
 from flexinfer_common.enums import GroupPolicy, ParkStrategy, RuntimePhase, ScaleAction, SchedulingPolicy
 from flexinfer_common.keys import ModelKey
 from flexinfer_common.quantity import parse_memory
-from flexinfer_scheduler.domain.election import ElectionParams, cooldown_remaining
+from flexinfer_scheduler.domain.election import DRAIN_TIMEOUT, ElectionParams, cooldown_remaining
 from flexinfer_scheduler.domain.model import Capacity, GroupSnapshot, Member, V1Alpha1Policy
 from flexinfer_scheduler.domain.plan import apply_plan, plan_group
 from flexinfer_scheduler.domain.residency import free_memory, memory_of, place, placement_of
@@ -242,7 +242,7 @@ SEED_RULES = ElectionParams(policy=SchedulingPolicy.SEED).seed()
 
 POLICIES: dict[str, Policy] = {
     "seed": Policy("seed", SEED_RULES, True, timedelta(0), 3.0),
-    "flexinfer": Policy("flexinfer", ElectionParams(), False, timedelta(seconds=60), 3.0),
+    "flexinfer": Policy("flexinfer", ElectionParams(), False, DRAIN_TIMEOUT, 3.0),
     "v1alpha1": Policy("v1alpha1", ElectionParams(), False, timedelta(seconds=60), 5.0, V1Alpha1Policy()),
 }
 OFFLINE = "offline"

@@ -6,6 +6,7 @@ from pydantic import model_validator
 
 from flexinfer_common.enums import SchedulingPolicy
 from flexinfer_common.settings import QUEUED_TTL_MARGIN, CommonSettings, Duration
+from flexinfer_scheduler.domain.election import DRAIN_TIMEOUT
 
 
 class SchedulerSettings(CommonSettings):
@@ -19,7 +20,7 @@ class SchedulerSettings(CommonSettings):
     """``FLEXINFER_PRUNE_AFTER``: demand signals and processed-message records older than this are deleted."""
     # How long a swap waits for the outgoing model's requests in flight before parking it (a v1alpha1 GPUGroup's
     # drainTimeoutSeconds wins for its group).
-    drain_timeout: Duration = timedelta(seconds=60)
+    drain_timeout: Duration = DRAIN_TIMEOUT
     # FlexInfer's policy: a holder with nothing in flight or queued and no request for this long is quiet, and may
     # yield the GPU to a waiting model (when unset: 10 s, or the demand window if that is shorter). Not used by
     # FLEXINFER_SCHEDULING_POLICY=seed.

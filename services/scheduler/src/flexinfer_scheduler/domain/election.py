@@ -52,6 +52,7 @@ TIMEOUT_SHARE = 4 / 5
 # What the bounded wait leaves of the queue timeout, beside the busy holder's drain (FLEXINFER_DRAIN_TIMEOUT, 60 s by
 # default), for a park and a load (the seed's LLMs load in about 30 s).
 LOAD_ALLOWANCE = timedelta(seconds=40)
+# How long a swap waits for the outgoing model's requests in flight by default (FLEXINFER_DRAIN_TIMEOUT).
 DRAIN_TIMEOUT = timedelta(seconds=60)
 
 

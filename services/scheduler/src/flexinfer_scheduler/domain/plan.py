@@ -22,6 +22,7 @@ from flexinfer_common.enums import ModelPhase, ScaleAction, SharedState, SwapPha
 from flexinfer_common.keys import ModelKey
 from flexinfer_scheduler.domain import swap as swaps
 from flexinfer_scheduler.domain.election import (
+    DRAIN_TIMEOUT,
     Election,
     ElectionParams,
     ElectionReason,
@@ -260,7 +261,7 @@ def plan_group(
     command_retry: timedelta,
     new_swap_id: str,
     restart_backoff: timedelta = timedelta(0),
-    drain_timeout: timedelta = timedelta(seconds=60),
+    drain_timeout: timedelta = DRAIN_TIMEOUT,
     drain_settle: timedelta = timedelta(seconds=1),
 ) -> GroupPlan:
     """``restart_backoff``: a model that crashed after it was Ready is restarted no sooner than this after its
@@ -463,7 +464,7 @@ def plan_resident_set(
     command_retry: timedelta,
     new_swap_id: str = "",
     restart_backoff: timedelta = timedelta(0),
-    drain_timeout: timedelta = timedelta(seconds=60),
+    drain_timeout: timedelta = DRAIN_TIMEOUT,
 ) -> GroupPlan:
     """``plan_group`` for a group with a capacity (``residency``): every member asked for that fits on a device
     beside the loaded ones is activated there; one that does not fit evicts the cheapest set that frees enough

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import logging
 import statistics
 import sys
@@ -49,7 +50,9 @@ async def alternate(system: System, swaps: int) -> list[float]:
 
 
 async def local(url: str, nats_url: str, work: Path, strategy: str, args: argparse.Namespace) -> list[float]:
-    options = {**shipped_timings(), "shared_demand_window": DEMAND_WINDOW}
+    # the fake model servers run as this user: nobody, the default FLEXINFER_LOCAL_RUN_AS, may not reach this
+    # checkout's .venv (as in swap_overhead.swap_options)
+    options = {**shipped_timings(), "shared_demand_window": DEMAND_WINDOW, "local_run_as": getpass.getuser()}
     async with running_system(database_url=url, nats_url=nats_url, state_dir=work, **options) as system:
         for name in ("a", "b"):
             model = fake_model(name, priority=10, startup_delay=args.startup_delay)

@@ -237,13 +237,16 @@ class Policy:
     v1alpha1: V1Alpha1Policy | None = None
 
 
+#: a GPUGroup's v1alpha1 defaults (its drain timeout among them)
+V1ALPHA1 = V1Alpha1Policy()
+
 #: the seed's exact v1alpha2 rules (FLEXINFER_SCHEDULING_POLICY=seed)
 SEED_RULES = ElectionParams(policy=SchedulingPolicy.SEED).seed()
 
 POLICIES: dict[str, Policy] = {
     "seed": Policy("seed", SEED_RULES, True, timedelta(0), 3.0),
     "flexinfer": Policy("flexinfer", ElectionParams(), False, DRAIN_TIMEOUT, 3.0),
-    "v1alpha1": Policy("v1alpha1", ElectionParams(), False, timedelta(seconds=60), 5.0, V1Alpha1Policy()),
+    "v1alpha1": Policy("v1alpha1", ElectionParams(), False, V1ALPHA1.drain_timeout, 5.0, V1ALPHA1),
 }
 OFFLINE = "offline"
 ALL_POLICIES = (*POLICIES, OFFLINE)

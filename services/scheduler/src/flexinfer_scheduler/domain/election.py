@@ -282,7 +282,13 @@ def next_change(snapshot: GroupSnapshot, now: datetime, params: ElectionParams) 
                 times.append(m.demand_since + bound)
             if quiet and holder is not None and holder.last_active_time is not None:
                 times.append(max(quiet_from, now + _until_worth_it(m, holder, now, params)))
-    return min((t for t in times if t > now), default=None)
+    return first_after(times, now)
+
+
+def first_after(times: Iterable[datetime | None], now: datetime) -> datetime | None:
+    """The earliest of ``times`` after ``now`` (None among them: no such time), None when there is none: when a
+    group is passed again (``next_change``, ``GroupPlan.recheck_at``)."""
+    return min((t for t in times if t is not None and t > now), default=None)
 
 
 def _until_worth_it(member: Member, holder: Member, now: datetime, params: ElectionParams) -> timedelta:

@@ -30,6 +30,7 @@ from flexinfer_scheduler.domain.election import (
     asked_for,
     cooldown_remaining,
     elect,
+    first_after,
     first_in_line,
     idle_timeout_expired,
     is_eligible,
@@ -406,7 +407,7 @@ def plan_group(
         drain_timeout=snapshot.v1alpha1.drain_timeout if snapshot.v1alpha1 is not None else None,
         members={m.key: m for m in current.members},
         lease=snapshot.lease if lease_holder is not None else None,
-        recheck_at=min((t for t in recheck if t is not None and t > now), default=None),
+        recheck_at=first_after(recheck, now),
     )
 
 
@@ -717,7 +718,7 @@ def plan_resident_set(
         members={m.key: m for m in current.members},
         lease=snapshot.lease if lease_holder is not None or held is not None else None,
         reservation=held,
-        recheck_at=min((t for t in recheck if t is not None and t > now), default=None),
+        recheck_at=first_after(recheck, now),
     )
 
 
